@@ -1,0 +1,176 @@
+"""Typed model configuration and validated overrides.
+
+A ``ModelConfig`` fully describes a Transformer and its decoding defaults. Architecture presets
+in :mod:`nmt.registry` return one; users change fields with ``KEY=VALUE`` overrides, which are
+type-checked here: an unknown key is an error with a suggestion, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping
+
+from nmt.errors import UsageError, suggest
+
+
+@dataclass
+class ModelConfig:
+    # --- which preset this came from (informational; overrides do not change it) ---
+    arch: str = "transformer_base"
+    # --- sizes (paper, section 3 and Table 3) ---
+    encoder_layers: int = 6          # N for the encoder
+    decoder_layers: int = 6          # N for the decoder
+    d_model: int = 512
+    d_ff: int = 2048                 # inner size of the position-wise feed-forward network
+    heads: int = 8                   # h
+    d_k: int | None = None           # query/key size per head; None means d_model // heads
+    d_v: int | None = None           # value size per head; None means d_model // heads
+    # --- regularisation (section 5.4) ---
+    dropout: float = 0.1             # P_drop: residual dropout and embedding+position dropout
+    attention_dropout: float = 0.0   # dropout on attention weights (not used in the paper's MT)
+    activation_dropout: float = 0.0  # dropout after the FFN's ReLU (not used in the paper)
+    label_smoothing: float = 0.1     # epsilon_ls
+    # --- variants ---
+    positional: str = "sinusoidal"   # "sinusoidal" (eq. 4) or "learned" (Table 3 row E)
+    max_positions: int = 1024        # longest sequence (in subwords) the model accepts
+    pre_norm: bool = False           # False: LayerNorm(x + Dropout(Sublayer(x))) as the paper
+    activation: str = "relu"         # "relu" (paper) or "gelu"
+    layer_norm_eps: float = 1e-5
+    # --- decoding defaults carried by the preset (section 6.1 / 6.3) ---
+    beam: int = 4
+    lenpen: float = 0.6              # alpha of the GNMT length penalty
+    max_len_a: float = 1.0           # max output length = a * source length + b
+    max_len_b: int = 50
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # Derived sizes -------------------------------------------------------------------------
+    @property
+    def head_dim_k(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.heads
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.d_v if self.d_v is not None else self.d_model // self.heads
+
+    def validate(self) -> None:
+        def bad(msg: str) -> UsageError:
+            return UsageError(f"invalid model configuration: {msg}")
+
+        for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
+                     "max_positions", "beam"):
+            if getattr(self, name) < 1:
+                raise bad(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_k is None and self.d_model % self.heads:
+            raise bad(f"d_model={self.d_model} is not divisible by heads={self.heads}; "
+                      f"set d_k and d_v explicitly")
+        if self.d_v is None and self.d_model % self.heads:
+            raise bad(f"d_model={self.d_model} is not divisible by heads={self.heads}")
+        for name in ("d_k", "d_v"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise bad(f"{name} must be >= 1, got {v}")
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                raise bad(f"{name} must be in [0, 1), got {v}")
+        if self.positional not in ("sinusoidal", "learned"):
+            raise bad(f"positional must be 'sinusoidal' or 'learned', got '{self.positional}'")
+        if self.activation not in ("relu", "gelu"):
+            raise bad(f"activation must be 'relu' or 'gelu', got '{self.activation}'")
+        if self.lenpen < 0:
+            raise bad(f"lenpen must be >= 0, got {self.lenpen}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        """Rebuild from ``to_dict`` output (e.g. from a checkpoint); unknown keys are an error."""
+        return apply_overrides(cls(), dict(d), source="checkpoint")
+
+
+# Keys accepted by overrides that are not fields: they set several fields at once.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "layers": ("encoder_layers", "decoder_layers"),   # Table 3's N
+    "d_kv": ("d_k", "d_v"),
+}
+
+
+def config_keys() -> list[str]:
+    return [f.name for f in fields(ModelConfig)] + list(ALIASES)
+
+
+def _coerce(name: str, raw: Any, annotation: Any) -> Any:
+    """Convert an override value (often a string from the command line) to the field's type."""
+    hints = typing.get_type_hints(ModelConfig)
+    tp = hints[name]
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    if isinstance(raw, str):
+        s = raw.strip()
+        if optional and s.lower() in ("none", "null", ""):
+            return None
+        try:
+            if base is bool:
+                if s.lower() in ("true", "1", "yes", "on"):
+                    return True
+                if s.lower() in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError
+            if base is int:
+                return int(s)
+            if base is float:
+                return float(s)
+            return s
+        except ValueError:
+            raise UsageError(f"override {name}={raw}: expected {base.__name__}") from None
+    if raw is None:
+        if optional:
+            return None
+        raise UsageError(f"override {name}: None is not allowed")
+    if base is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
+    if base is int and isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if not isinstance(raw, base) or (base is int and isinstance(raw, bool)):
+        raise UsageError(f"override {name}={raw!r}: expected {base.__name__}")
+    return raw
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+    """Parse ``["dropout=0.3", "heads=16"]`` into a dict; malformed items are usage errors."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"override '{item}' must look like KEY=VALUE (e.g. dropout=0.3)")
+        k, v = item.split("=", 1)
+        k = k.strip().replace("-", "_")
+        if k.startswith("model."):
+            k = k[len("model."):]
+        out[k] = v
+    return out
+
+
+def apply_overrides(cfg: ModelConfig, overrides: Mapping[str, Any],
+                    source: str = "override") -> ModelConfig:
+    """Return a copy of ``cfg`` with ``overrides`` applied and validated."""
+    names = {f.name for f in fields(ModelConfig)}
+    updates: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        targets = ALIASES.get(key, (key,))
+        for t in targets:
+            if t not in names:
+                raise UsageError(f"unknown {source} key '{key}'{suggest(key, config_keys())}; "
+                                 f"valid keys: {', '.join(sorted(config_keys()))}")
+            updates[t] = _coerce(t, raw, None)
+    return dataclasses.replace(cfg, **updates)
+
+
+# Training and data configs live beside the code that uses them (nmt.training, nmt.data), but
+# the model config is here because every command needs it.
+__all__ = ["ModelConfig", "apply_overrides", "parse_overrides", "config_keys", "field"]

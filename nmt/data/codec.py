@@ -1,0 +1,146 @@
+"""TextCodec: the whole text pipeline of one language, raw text <-> dictionary ids.
+
+raw text -> (optional Moses tokenization, sacremoses) -> subword model -> ids, and back.
+A codec is rebuilt from ``to_state()`` alone (plain Python types), so checkpoints carry it.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from nmt.data.dictionary import BOS, EOS, PAD, UNK, Dictionary
+from nmt.data.subword import SubwordModel, Whitespace, model_from_state
+from nmt.errors import NmtError
+
+STATE_VERSION = 1
+
+
+class TextCodec:
+    """Encode raw text to ids (no eos) and decode ids to detokenized text."""
+
+    def __init__(self, subword: SubwordModel, dictionary: Dictionary | None = None,
+                 moses_lang: str | None = None):
+        self.subword = subword
+        self.dictionary: Dictionary = dictionary if dictionary is not None else subword.dictionary()
+        if subword.kind != "none" and len(self.dictionary) != len(subword.dictionary()):
+            raise NmtError(f"dictionary has {len(self.dictionary)} symbols but the "
+                           f"{subword.kind} model has {len(subword.dictionary())}")
+        self.moses_lang = moses_lang
+        self._mtok = self._mdetok = None
+
+    @property
+    def kind(self) -> str:
+        return self.subword.kind
+
+    def __len__(self) -> int:
+        return len(self.dictionary)
+
+    def __repr__(self) -> str:
+        moses = f", moses={self.moses_lang}" if self.moses_lang else ""
+        return f"TextCodec({self.kind}, {len(self.dictionary)} symbols{moses})"
+
+    # --- Moses ---------------------------------------------------------------------------------
+    def _tokenize(self, line: str) -> str:
+        if self.moses_lang is None:
+            return line
+        if self._mtok is None:
+            from sacremoses import MosesTokenizer
+            self._mtok = MosesTokenizer(lang=self.moses_lang)
+        # escape=False: keep '&' and '<' as they are instead of XML entities.
+        return self._mtok.tokenize(line, escape=False, return_str=True)
+
+    def _detokenize(self, text: str) -> str:
+        if self.moses_lang is None:
+            return text
+        if self._mdetok is None:
+            from sacremoses import MosesDetokenizer
+            self._mdetok = MosesDetokenizer(lang=self.moses_lang)
+        return self._mdetok.detokenize(text.split(), unescape=False)
+
+    # --- encoding ------------------------------------------------------------------------------
+    def _ids(self, lines: Sequence[str]) -> list[list[int]]:
+        if self.moses_lang is not None:
+            lines = [self._tokenize(line) for line in lines]
+        return self.subword.encode_ids(lines)
+
+    def encode(self, line: str) -> list[int]:
+        """Ids of one line, without eos."""
+        # A special symbol spelled in the text ("</s>") is an unknown word, never a real eos.
+        return [i if i > EOS else UNK for i in self._ids([line])[0]]
+
+    def encode_batch(self, lines: Sequence[str]) -> list[np.ndarray]:
+        """Ids (int64 arrays, without eos) of many lines; faster than encode() in a loop."""
+        flat, lens = self.encode_flat(lines, np.int64)
+        return np.split(flat, np.cumsum(lens[:-1])) if len(lens) else []
+
+    def encode_flat(self, lines: Sequence[str], dtype: np.dtype | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """All ids of ``lines`` concatenated, and the length of each line (int32).
+
+        What the binarizer writes: no per-line arrays, so it stays fast for millions of lines.
+        """
+        ids = self._ids(list(lines))
+        lens = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=dtype or self.dictionary.dtype,
+                           count=int(lens.sum()))
+        np.putmask(flat, flat <= EOS, UNK)     # see encode()
+        return flat, lens
+
+    def pieces(self, line: str) -> list[str]:
+        """The subword pieces of a line (after Moses tokenization), for inspection."""
+        return self.subword.pieces(self._tokenize(line))
+
+    # --- decoding ------------------------------------------------------------------------------
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``: stops at eos, drops pad and bos, undoes subwords and Moses."""
+        if hasattr(ids, "tolist"):          # torch tensors and numpy arrays
+            ids = ids.tolist()
+        keep: list[int] = []
+        n = len(self.dictionary)
+        for i in ids:
+            i = int(i)
+            if i == EOS:
+                break
+            if i == PAD or i == BOS:
+                continue
+            keep.append(i if 0 <= i < n else UNK)
+        return self._detokenize(self.subword.decode_ids(keep))
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    # --- persistence ---------------------------------------------------------------------------
+    def to_state(self) -> dict:
+        """Plain Python types only: safe inside a ``torch.load(weights_only=True)`` checkpoint."""
+        return {"version": STATE_VERSION, "subword": self.subword.to_state(),
+                "dictionary": self.dictionary.to_state(), "moses_lang": self.moses_lang}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "TextCodec":
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise NmtError(f"unsupported text codec state (version {got}); "
+                           f"this nmt reads version {STATE_VERSION}")
+        dictionary = Dictionary.from_state(state["dictionary"])
+        subword = model_from_state(state["subword"], dictionary)
+        codec = cls(subword, dictionary, state.get("moses_lang"))
+        if subword.kind != "none" and subword.dictionary() != dictionary:
+            raise NmtError("text codec state is inconsistent: the dictionary does not match "
+                           "the subword model")
+        return codec
+
+    def same_as(self, other: "TextCodec") -> bool:
+        """True when both encode and decode identically."""
+        return self.to_state() == other.to_state() or (
+            self.subword.to_state() == other.subword.to_state()
+            and self.dictionary == other.dictionary and self.moses_lang == other.moses_lang)
+
+
+def whitespace_codec(dictionary: Dictionary, moses_lang: str | None = None) -> TextCodec:
+    return TextCodec(Whitespace(dictionary), dictionary, moses_lang)
+
+
+__all__ = ["TextCodec", "whitespace_codec"]

@@ -1,0 +1,554 @@
+"""nmt-preprocess as a library: learn subwords, binarize parallel text into a data directory.
+
+Stages, all streaming (memory does not grow with the corpus):
+
+1. check every input file and the destination before any real work;
+2. one pass over the training data: check the line counts match and draw a fixed-size random
+   sample of sentence pairs (reservoir sampling), or count whitespace tokens (--subword none);
+3. learn the subword model(s) on the sample (sentencepiece BPE or wordpiece), or reuse a codec;
+4. encode every split in chunks on ``workers`` processes, filter (train only by default),
+   and stream the ids into memory-mapped shards;
+5. write dictionaries (with corpus counts), subword models and meta.json, then rename the
+   temporary directory into place. Any error removes the temporary directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from nmt.data.codec import TextCodec, whitespace_codec
+from nmt.data.datadir import (FORMAT_VERSION, META, DataDir, split_sort_key, write_codec,
+                              write_meta)
+from nmt.data.dictionary import Dictionary
+from nmt.data.indexed import SplitWriter
+from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
+from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
+from nmt.errors import NmtError, UsageError
+from nmt.io import _decode_line, fsync_dir
+
+log = logging.getLogger("nmt.data.preprocess")
+
+
+@dataclass
+class PreprocessConfig:
+    source_lang: str
+    target_lang: str
+    destdir: str
+    trainpref: str | None = None
+    validpref: list[str] = field(default_factory=list)
+    testpref: list[str] = field(default_factory=list)
+    subword: str | None = None              # bpe | wordpiece | none; None: bpe, or the reused kind
+    vocab_size: int = 32000                 # per dictionary (one when joined), specials included
+    joined: bool = False
+    threshold: int = 1                      # min count of a symbol (none) / of a pair (wordpiece)
+    subword_sample: int = 1_000_000         # sentence pairs the subword learner sees at most
+    character_coverage: float = 1.0
+    byte_fallback: bool = False
+    moses: bool = False
+    reuse_vocab: str | None = None          # a data directory whose codecs are reused
+    srcdict: str | None = None
+    tgtdict: str | None = None
+    max_len: int = 250                      # 0: no limit (subword tokens, without eos)
+    max_len_ratio: float = 9.0              # 0: no limit
+    filter_eval: bool = False               # also filter valid/test (breaks alignment with refs)
+    shard_size: int = 0                     # sentences per shard; 0: one shard per split
+    workers: int = 0                        # 0: one per CPU
+    chunk_size: int = 10000                 # lines per worker task
+    seed: int = 1
+    overwrite: bool = False
+
+    def resolved_workers(self) -> int:
+        return self.workers if self.workers > 0 else max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class SplitStats:
+    name: str
+    prefix: str
+    lines: int = 0
+    kept: int = 0
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+    src_unk: int = 0
+    tgt_unk: int = 0
+    empty: int = 0
+    too_long: int = 0
+    ratio: int = 0
+    filtered_applied: bool = False
+    shards: list[int] = field(default_factory=list)
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"source_prefix": self.prefix, "input_lines": self.lines, "sentences": self.kept,
+                "shards": self.shards, "src_tokens": self.src_tokens,
+                "tgt_tokens": self.tgt_tokens, "src_unk": self.src_unk, "tgt_unk": self.tgt_unk,
+                "filtered": {"applied": self.filtered_applied, "empty": self.empty,
+                             "too_long": self.too_long, "ratio": self.ratio}}
+
+
+@dataclass
+class PreprocessResult:
+    path: Path
+    meta: dict[str, Any]
+    splits: list[SplitStats]
+
+
+# --- checks --------------------------------------------------------------------------------------
+
+def _check_config(cfg: PreprocessConfig) -> None:
+    for name, lang in (("--source-lang", cfg.source_lang), ("--target-lang", cfg.target_lang)):
+        if not lang or any(c in lang for c in "./\\ \t"):
+            raise UsageError(f"{name} '{lang}' must be a short code such as 'en' (no dots, "
+                             f"slashes or spaces)")
+    if cfg.source_lang == cfg.target_lang:
+        raise UsageError(f"--source-lang and --target-lang are both '{cfg.source_lang}'")
+    if cfg.subword is not None and cfg.subword not in KINDS:
+        raise UsageError(f"--subword must be one of {', '.join(KINDS)}, got '{cfg.subword}'")
+    if cfg.vocab_size < 8:
+        raise UsageError(f"--vocab-size must be at least 8, got {cfg.vocab_size}")
+    if cfg.threshold < 1:
+        raise UsageError(f"--threshold must be >= 1, got {cfg.threshold}")
+    if cfg.subword_sample < 1:
+        raise UsageError(f"--subword-sample must be >= 1, got {cfg.subword_sample}")
+    if not 0.0 < cfg.character_coverage <= 1.0:
+        raise UsageError(f"--character-coverage must be in (0, 1], got {cfg.character_coverage}")
+    if cfg.max_len < 0 or cfg.max_len_ratio < 0 or cfg.shard_size < 0 or cfg.workers < 0:
+        raise UsageError("--max-len, --max-len-ratio, --shard-size and --workers must be >= 0")
+    if cfg.max_len_ratio and cfg.max_len_ratio < 1:
+        raise UsageError(f"--max-len-ratio must be >= 1 (or 0 to disable), got {cfg.max_len_ratio}")
+    if cfg.chunk_size < 1:
+        raise UsageError("chunk size must be >= 1")
+    if cfg.reuse_vocab and (cfg.srcdict or cfg.tgtdict):
+        raise UsageError("use either --reuse-vocab or --srcdict/--tgtdict, not both")
+    if not cfg.trainpref and not (cfg.reuse_vocab or cfg.srcdict or cfg.tgtdict):
+        raise UsageError("nothing to learn the vocabulary from: give --trainpref, or reuse one "
+                         "with --reuse-vocab DIR or --srcdict/--tgtdict")
+    if not (cfg.trainpref or cfg.validpref or cfg.testpref):
+        raise UsageError("no input: give --trainpref, --validpref or --testpref")
+
+
+def _split_inputs(cfg: PreprocessConfig) -> list[tuple[str, str]]:
+    """[(split name, file prefix)] in order: train, valid, valid1, ..., test, test1, ..."""
+    out = [("train", cfg.trainpref)] if cfg.trainpref else []
+    for base, prefs in (("valid", cfg.validpref), ("test", cfg.testpref)):
+        for k, p in enumerate(prefs):
+            out.append((base if k == 0 else f"{base}{k}", p))
+    return out
+
+
+def _check_inputs(cfg: PreprocessConfig, splits: list[tuple[str, str]]) -> None:
+    for _, prefix in splits:
+        for lang in (cfg.source_lang, cfg.target_lang):
+            p = Path(f"{prefix}.{lang}")
+            if not p.exists():
+                raise NmtError(f"{p}: no such file")
+            if p.is_dir():
+                raise NmtError(f"{p}: is a directory, expected a text file")
+            if not os.access(p, os.R_OK):
+                raise NmtError(f"{p}: permission denied")
+
+
+def _prepare_destination(cfg: PreprocessConfig) -> tuple[Path, Path]:
+    """(final path, temporary directory beside it)."""
+    dest = Path(cfg.destdir).expanduser().absolute()
+    if dest.exists():
+        if not dest.is_dir():
+            raise NmtError(f"{dest}: exists and is not a directory")
+        if any(dest.iterdir()) and not cfg.overwrite:
+            raise NmtError(f"{dest}: exists and is not empty (use --overwrite to replace it)")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot create the data directory ({e.strerror or e})") from None
+    return dest, tmp
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+def _open_binary(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _mismatch(src: Path, tgt: Path, n_src: int, n_tgt: int) -> NmtError:
+    return NmtError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: "
+                    f"source and target must be line-aligned")
+
+
+def iter_raw_chunks(src: Path, tgt: Path, chunk: int
+                    ) -> Iterator[tuple[int, list[bytes], list[bytes], int]]:
+    """Yield (first line number, src raw lines, tgt raw lines, bytes read) in aligned chunks.
+
+    Lines stay undecoded (workers decode them, in parallel); a line-count mismatch raises
+    NmtError with both totals.
+    """
+    with _open_binary(src) as fs, _open_binary(tgt) as ft:
+        first = 1
+        while True:
+            a = list(islice(fs, chunk))
+            b = list(islice(ft, chunk))
+            if len(a) != len(b):
+                n_src = first - 1 + len(a) + sum(1 for _ in fs)
+                n_tgt = first - 1 + len(b) + sum(1 for _ in ft)
+                raise _mismatch(src, tgt, n_src, n_tgt)
+            if not a:
+                return
+            yield first, a, b, sum(map(len, a)) + sum(map(len, b))
+            first += len(a)
+
+
+def sample_pairs(src: Path, tgt: Path, k: int, seed: int, progress=None
+                 ) -> tuple[list[str], list[str], int]:
+    """A uniform random sample of at most ``k`` line pairs in one streaming pass, plus the
+    number of lines (Vitter/Li's reservoir "Algorithm L": O(k log(n/k)) random draws)."""
+    rng = random.Random(seed)
+    res: list[tuple[int, bytes, bytes]] = []
+    n = 0
+    w = math.exp(math.log(rng.random() or 1e-300) / k)
+    nxt = k + int(math.log(rng.random() or 1e-300) / math.log1p(-w)) if w < 1 else k
+    for first, a, b, nbytes in iter_raw_chunks(src, tgt, 10000):
+        for i in range(len(a)):
+            if n < k:
+                res.append((first + i, a[i], b[i]))
+            elif n == nxt:
+                res[rng.randrange(k)] = (first + i, a[i], b[i])
+                w *= math.exp(math.log(rng.random() or 1e-300) / k)
+                nxt += int(math.log(rng.random() or 1e-300) / math.log1p(-w)) + 1 if w < 1 else 1
+            n += 1
+        if progress is not None:
+            progress.advance(nbytes)
+    res.sort()          # file order: the learner's result does not depend on sampling order
+    s = [_decode_line(r[1], str(src), r[0]) for r in res]
+    t = [_decode_line(r[2], str(tgt), r[0]) for r in res]
+    return s, t, n
+
+
+# --- vocabulary ----------------------------------------------------------------------------------
+
+def _codec_from_dict_path(path: str, kind: str | None, moses_lang: str | None) -> TextCodec:
+    """--srcdict/--tgtdict: a dict.{lang}.txt inside a data directory (its whole codec is
+    reused), or a plain dictionary file for --subword none."""
+    p = Path(path)
+    if not p.is_file():
+        raise NmtError(f"{p}: no such dictionary file")
+    if (p.parent / META).is_file() and p.name.startswith("dict.") and p.name.endswith(".txt"):
+        lang = p.name[len("dict."):-len(".txt")]
+        return DataDir.open(p.parent).codec(lang)
+    if kind not in (None, "none"):
+        raise UsageError(f"{p}: a plain dictionary only works with --subword none; to reuse a "
+                         f"{kind} model point at dict.LANG.txt inside an nmt data directory "
+                         f"(or use --reuse-vocab DIR)")
+    return whitespace_codec(Dictionary.load(p), moses_lang)
+
+
+def _reused_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool] | None:
+    s, t = cfg.source_lang, cfg.target_lang
+    if cfg.reuse_vocab:
+        dd = DataDir.open(cfg.reuse_vocab)
+        for lang in (s, t):
+            if lang not in (dd.src_lang, dd.tgt_lang):
+                raise NmtError(f"{dd.path} has languages {dd.src_lang}, {dd.tgt_lang}; "
+                               f"'{lang}' is not one of them")
+        return dd.codec(s), dd.codec(t), dd.joined
+    if cfg.srcdict or cfg.tgtdict:
+        m = (lambda lang: lang if cfg.moses else None)
+        src = _codec_from_dict_path(cfg.srcdict, cfg.subword, m(s)) if cfg.srcdict else None
+        tgt = _codec_from_dict_path(cfg.tgtdict, cfg.subword, m(t)) if cfg.tgtdict else None
+        if cfg.joined:
+            src = src or tgt
+            tgt = tgt or src
+            if src.dictionary != tgt.dictionary:
+                raise UsageError("--joined-dictionary with different --srcdict and --tgtdict")
+        if src is None or tgt is None:
+            raise UsageError("give both --srcdict and --tgtdict (or one with "
+                             "--joined-dictionary)")
+        return src, tgt, cfg.joined
+    return None
+
+
+def learn_codecs(cfg: PreprocessConfig, train_prefix: str, workers: int, progress=None
+                 ) -> tuple[TextCodec, TextCodec, int]:
+    """Learn the subword model(s) and dictionaries on the training data.
+
+    Returns (src codec, tgt codec, training lines). Checks the line counts on the way.
+    """
+    kind = cfg.subword or "bpe"
+    s_lang, t_lang = cfg.source_lang, cfg.target_lang
+    src_path, tgt_path = Path(f"{train_prefix}.{s_lang}"), Path(f"{train_prefix}.{t_lang}")
+    moses = (lambda lang: lang if cfg.moses else None)
+    task = progress.add_task("reading training data", total=_size(src_path) + _size(tgt_path),
+                             rate="") if progress else None
+    adv = _Advance(progress, task)
+
+    if kind == "none":
+        # Every token counts: one streaming pass, counting in parallel.
+        cs, ct, lines = Counter(), Counter(), [0]
+        with Runner(workers) as run:
+            def args():
+                for first, a, b, nbytes in iter_raw_chunks(src_path, tgt_path, cfg.chunk_size):
+                    adv.advance(nbytes)
+                    lines[0] += len(a)
+                    yield a, str(src_path), first, moses(s_lang)
+                    yield b, str(tgt_path), first, moses(t_lang)
+            for i, c in enumerate(run.imap(task_count, args())):
+                (cs if i % 2 == 0 else ct).update(c)
+        n = lines[0]
+        if n == 0:
+            raise NmtError(f"training set {train_prefix}.{{{s_lang},{t_lang}}} is empty")
+        if cfg.joined:
+            d = Dictionary.from_counts(cs + ct, cfg.vocab_size, cfg.threshold)
+            src = whitespace_codec(d, moses(s_lang))
+            tgt = src if not cfg.moses else whitespace_codec(d, moses(t_lang))
+        else:
+            src = whitespace_codec(Dictionary.from_counts(cs, cfg.vocab_size, cfg.threshold),
+                                   moses(s_lang))
+            tgt = whitespace_codec(Dictionary.from_counts(ct, cfg.vocab_size, cfg.threshold),
+                                   moses(t_lang))
+        return src, tgt, n
+
+    t0 = time.time()
+    s_sample, t_sample, n = sample_pairs(src_path, tgt_path, cfg.subword_sample, cfg.seed, adv)
+    if n == 0:
+        raise NmtError(f"training set {train_prefix}.{{{s_lang},{t_lang}}} is empty")
+    log.info("sampled %d of %d training pairs in %.1fs", len(s_sample), n, time.time() - t0)
+    if cfg.moses:
+        with Runner(workers) as run:
+            def tok_args(lines: list[str], lang: str):
+                for i in range(0, len(lines), cfg.chunk_size):
+                    yield ([x.encode("utf-8") for x in lines[i:i + cfg.chunk_size]], "sample",
+                           1, lang)
+            s_sample = [x for c in run.imap(task_tokenize, tok_args(s_sample, s_lang)) for x in c]
+            t_sample = [x for c in run.imap(task_tokenize, tok_args(t_sample, t_lang)) for x in c]
+
+    def learn(sentences: list[str]):
+        t1 = time.time()
+        if kind == "bpe":
+            m = train_sentencepiece(sentences, cfg.vocab_size, cfg.character_coverage,
+                                    cfg.byte_fallback, threads=workers)
+        else:
+            m = train_wordpiece(sentences, cfg.vocab_size, max(cfg.threshold, 1))
+        log.info("learned a %s model of %d symbols on %d sentences in %.1fs", kind,
+                 len(m.dictionary()), len(sentences), time.time() - t1)
+        return m
+
+    if cfg.joined:
+        model = learn(s_sample + t_sample)
+        del s_sample, t_sample
+        src = TextCodec(model, None, moses(s_lang))
+        tgt = src if not cfg.moses else TextCodec(model, src.dictionary, moses(t_lang))
+    else:
+        src = TextCodec(learn(s_sample), None, moses(s_lang))
+        del s_sample
+        tgt = TextCodec(learn(t_sample), None, moses(t_lang))
+    return src, tgt, n
+
+
+def _count_lines(path: Path) -> int:
+    n = 0
+    last = b"\n"
+    with _open_binary(path) as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+class _Advance:
+    def __init__(self, progress, task):
+        self.progress, self.task = progress, task
+
+    def advance(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, advance=n)
+
+
+# --- binarization --------------------------------------------------------------------------------
+
+def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, out_dir: Path,
+                   dtype: np.dtype, counts: list[np.ndarray] | None, progress=None) -> SplitStats:
+    """Encode one split into shards; adds the kept ids to ``counts`` (train only)."""
+    src_path = Path(f"{prefix}.{cfg.source_lang}")
+    tgt_path = Path(f"{prefix}.{cfg.target_lang}")
+    is_train = name == "train"
+    flt = Filter(apply=is_train or cfg.filter_eval, max_len=cfg.max_len,
+                  max_ratio=cfg.max_len_ratio)
+    st = SplitStats(name, str(prefix), filtered_applied=flt.apply)
+    task = progress.add_task(f"binarizing {name}", total=_size(src_path) + _size(tgt_path),
+                             rate="") if progress else None
+    adv = _Advance(progress, task)
+    shard_size = cfg.shard_size if is_train else 0
+    ws = SplitWriter(out_dir, name, cfg.source_lang, dtype, shard_size)
+    wt = SplitWriter(out_dir, name, cfg.target_lang, dtype, shard_size)
+
+    def args():
+        for first, a, b, nbytes in iter_raw_chunks(src_path, tgt_path, cfg.chunk_size):
+            adv.advance(nbytes)
+            yield first, a, b, str(src_path), str(tgt_path), flt
+
+    try:
+        for n, s_flat, s_len, t_flat, t_len, (e, tl, r), s_unk, t_unk in \
+                run.imap(task_encode, args()):
+            ws.add(s_flat, s_len)
+            wt.add(t_flat, t_len)
+            st.lines += n
+            st.kept += len(s_len)
+            st.src_tokens += len(s_flat)
+            st.tgt_tokens += len(t_flat)
+            st.src_unk += s_unk
+            st.tgt_unk += t_unk
+            st.empty += e
+            st.too_long += tl
+            st.ratio += r
+            if counts is not None:
+                counts[0] += np.bincount(s_flat, minlength=len(counts[0]))[:len(counts[0])]
+                counts[1] += np.bincount(t_flat, minlength=len(counts[1]))[:len(counts[1])]
+    finally:
+        st.shards = ws.close()
+        wt.close()
+    return st
+
+
+def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
+    """Build the data directory described by ``cfg``; returns its path and meta.json content.
+
+    ``progress``: an optional rich Progress (bars in bytes of input read).
+    """
+    t_start = time.time()
+    _check_config(cfg)
+    splits = _split_inputs(cfg)
+    _check_inputs(cfg, splits)
+    reused = _reused_codecs(cfg)
+    if cfg.trainpref is None and reused is None:
+        raise UsageError("nothing to learn the vocabulary from")
+    workers = cfg.resolved_workers()
+    dest, tmp = _prepare_destination(cfg)
+    try:
+        if reused is not None:
+            src, tgt, joined = reused
+            kind = src.kind
+            if cfg.subword is not None and cfg.subword != kind:
+                raise UsageError(f"--subword {cfg.subword} but the reused vocabulary is {kind}")
+            learned = False
+        else:
+            src, tgt, _ = learn_codecs(cfg, cfg.trainpref, workers, progress)
+            kind, joined, learned = cfg.subword or "bpe", cfg.joined, True
+        dtype = np.dtype(np.uint16) if max(len(src), len(tgt)) <= 65536 else np.dtype(np.int32)
+
+        stats: list[SplitStats] = []
+        counts = None
+        if learned:
+            counts = [np.zeros(len(src), np.int64), np.zeros(len(tgt), np.int64)]
+        with Runner(workers, src, tgt) as run:
+            for name, prefix in splits:
+                t0 = time.time()
+                st = binarize_split(run, name, prefix, cfg, tmp, dtype,
+                                    counts if name == "train" else None, progress)
+                stats.append(st)
+                log.info("%s: %d of %d pairs kept in %.1fs", name, st.kept, st.lines,
+                         time.time() - t0)
+                if name == "train" and st.lines == 0:
+                    raise NmtError(f"training set {prefix}.{{{cfg.source_lang},"
+                                   f"{cfg.target_lang}}} is empty")
+                if name == "train" and st.kept == 0:
+                    raise NmtError(f"no training pairs left after filtering ({st.empty} empty, "
+                                   f"{st.too_long} longer than --max-len {cfg.max_len}, "
+                                   f"{st.ratio} over --max-len-ratio {cfg.max_len_ratio})")
+
+        if counts is not None:
+            # dict.txt counts are the kept training data's frequencies (fairseq's habit).
+            if joined:
+                both = counts[0] + counts[1]
+                src.dictionary.set_counts(both)
+                if tgt.dictionary is not src.dictionary:
+                    tgt.dictionary.set_counts(both)
+            else:
+                src.dictionary.set_counts(counts[0])
+                tgt.dictionary.set_counts(counts[1])
+        vocab = {cfg.source_lang: write_codec(tmp, cfg.source_lang, src),
+                 cfg.target_lang: write_codec(tmp, cfg.target_lang, tgt)}
+        meta = _meta(cfg, kind, joined, dtype, vocab, stats, learned, time.time() - t_start)
+        write_meta(tmp, meta)
+        _install(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PreprocessResult(dest, meta, stats)
+
+
+def _meta(cfg: PreprocessConfig, kind: str, joined: bool, dtype: np.dtype,
+          vocab: dict[str, Any], stats: list[SplitStats], learned: bool, seconds: float
+          ) -> dict[str, Any]:
+    from nmt.version import __version__
+    options = dataclasses.asdict(cfg)
+    options["workers"] = cfg.resolved_workers()
+    return {
+        "format_version": FORMAT_VERSION,
+        "nmt_version": __version__,
+        "src_lang": cfg.source_lang,
+        "tgt_lang": cfg.target_lang,
+        "langs": [cfg.source_lang, cfg.target_lang],
+        "joined": joined,
+        "subword": kind,
+        "moses": any(v.get("moses_lang") for v in vocab.values()),
+        "dtype": dtype.name,
+        "vocab": vocab,
+        "vocab_source": "learned" if learned else (cfg.reuse_vocab or
+                                                   f"{cfg.srcdict},{cfg.tgtdict}"),
+        "splits": {st.name: st.to_meta()
+                   for st in sorted(stats, key=lambda s: split_sort_key(s.name))},
+        "options": options,
+        "seconds": round(seconds, 2),
+    }
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Rename the finished temporary directory to ``dest`` (replacing an old one)."""
+    # mkdtemp/mkstemp create private (0700/0600) entries; a data directory is ordinary data.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask)
+    fsync_dir(tmp)
+    try:
+        if dest.exists():
+            # Move the old directory aside first so that dest is never half-replaced.
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / dest.name)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot install the data directory ({e.strerror or e})") from None
+    fsync_dir(dest.parent)
+
+
+__all__ = ["PreprocessConfig", "PreprocessResult", "SplitStats", "preprocess", "learn_codecs",
+           "binarize_split", "sample_pairs", "iter_raw_chunks"]

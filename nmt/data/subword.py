@@ -1,0 +1,328 @@
+"""Subword models: BPE (sentencepiece), wordpiece (HuggingFace tokenizers) and plain whitespace.
+
+Every model maps text to ids that ARE dictionary ids: the learners are told to put the four
+specials of docs/DESIGN.md at ids 0-3 and the dictionary is built from the model's vocabulary in
+id order, so encoding needs no second lookup. Each model serializes to plain Python types
+(``to_state``) so that checkpoints loaded with ``torch.load(weights_only=True)`` can carry it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from nmt.data.dictionary import BOS, EOS, PAD, SPECIALS, UNK, Dictionary
+from nmt.errors import NmtError
+
+log = logging.getLogger("nmt.data.subword")
+
+KINDS = ("bpe", "wordpiece", "none")
+
+
+class SubwordModel:
+    """Interface shared by the three kinds."""
+
+    kind = "?"
+    suffix = ""          # file name suffix of the saved model, "" when there is no file
+
+    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def pieces(self, line: str) -> list[str]:
+        raise NotImplementedError
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        """``ids`` hold no specials except possibly unk."""
+        raise NotImplementedError
+
+    def dictionary(self) -> Dictionary:
+        """The dictionary whose ids this model emits."""
+        raise NotImplementedError
+
+    def to_state(self) -> dict:
+        raise NotImplementedError
+
+    def save(self, path: Path) -> None:
+        raise NotImplementedError
+
+
+# --- BPE through sentencepiece -------------------------------------------------------------------
+
+class SentencePieceBPE(SubwordModel):
+    kind = "bpe"
+    suffix = ".model"
+
+    def __init__(self, proto: bytes, threads: int = 1):
+        import sentencepiece as spm
+        self.proto = proto
+        self.threads = threads
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(proto)
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
+            raise NmtError(f"invalid sentencepiece model: {' '.join(str(e).split())}") from None
+        ids = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
+        if ids != (PAD, BOS, EOS, UNK):
+            raise NmtError(f"sentencepiece model has special ids {ids} (pad, bos, eos, unk); "
+                           f"nmt needs (0, 1, 2, 3): train it with nmt-preprocess")
+
+    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        # With a list and num_threads > 1 the C++ side encodes in parallel, without the GIL.
+        return self.sp.encode(list(lines), out_type=int, num_threads=self.threads)
+
+    def pieces(self, line: str) -> list[str]:
+        return self.sp.encode(line, out_type=str)
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+    def dictionary(self) -> Dictionary:
+        n = self.sp.get_piece_size()
+        return Dictionary([self.sp.id_to_piece(i) for i in range(len(SPECIALS), n)])
+
+    def to_state(self) -> dict:
+        return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii")}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "SentencePieceBPE":
+        return cls(base64.b64decode(state["model"]))
+
+    def save(self, path: Path) -> None:
+        from nmt.io import atomic_write
+        with atomic_write(path) as f:
+            f.write(self.proto)
+
+    @classmethod
+    def load(cls, path: Path) -> "SentencePieceBPE":
+        return cls(_read_bytes(path))
+
+
+def train_sentencepiece(sentences: Iterable[str], vocab_size: int,
+                        character_coverage: float = 1.0, byte_fallback: bool = False,
+                        threads: int = 1) -> SentencePieceBPE:
+    """Learn a BPE model on ``sentences`` (a bounded sample: sentencepiece keeps them in memory).
+
+    ``vocab_size`` includes the four specials. It is a soft limit, so a small corpus gives a
+    smaller vocabulary instead of an error. ``character_coverage`` 1.0 keeps every character of
+    the sample (right for alphabetic languages; 0.9995 suits CJK); ``byte_fallback`` spells
+    unknown characters as UTF-8 bytes instead of <unk>.
+    """
+    import sentencepiece as spm
+    # Empty lines teach nothing and sentencepiece warns about each.
+    it = (s for s in sentences if s.strip())
+    out = io.BytesIO()
+    # sentencepiece's C++ side logs to file descriptor 2: catch it in a file and pass it on at
+    # debug level (its own logstream= needs sys.stderr.fileno(), absent under test runners).
+    log_buf = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+    saved_fd = _redirect_fd2(log_buf.fileno())
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=it, model_writer=out,
+            model_type="bpe", vocab_size=vocab_size, hard_vocab_limit=False,
+            character_coverage=character_coverage, byte_fallback=byte_fallback,
+            num_threads=max(1, threads),
+            input_sentence_size=0, shuffle_input_sentence=False,
+            pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=UNK,
+            pad_piece=SPECIALS[PAD], bos_piece=SPECIALS[BOS], eos_piece=SPECIALS[EOS],
+            unk_piece=SPECIALS[UNK],
+            # Sentences up to 64 KiB take part; longer ones are rare noise.
+            max_sentence_length=65536, minloglevel=1)
+    except RuntimeError as e:
+        raise NmtError(f"sentencepiece training failed: {' '.join(str(e).split())}") from None
+    finally:
+        _restore_fd2(saved_fd)
+        log_buf.seek(0)
+        for line in log_buf.read().splitlines():
+            if line.strip():
+                log.debug("sentencepiece: %s", line)
+        log_buf.close()
+    return SentencePieceBPE(out.getvalue(), threads=threads)
+
+
+def _redirect_fd2(target: int) -> int | None:
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(target, 2)
+        return saved
+    except OSError:
+        return None
+
+
+def _restore_fd2(saved: int | None) -> None:
+    if saved is not None:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+# --- wordpiece through HuggingFace tokenizers --------------------------------------------------
+
+CONT = "##"
+
+
+class WordPiece(SubwordModel):
+    """Greedy longest-match-first wordpiece; continuation pieces start with '##'.
+
+    Words are split on whitespace only (punctuation stays attached and becomes '##' pieces), so
+    decoding gives back the original text up to runs of spaces.
+    """
+
+    kind = "wordpiece"
+    suffix = ".json"
+
+    def __init__(self, tokenizer_json: str):
+        from tokenizers import Tokenizer
+        self.json = tokenizer_json
+        try:
+            self.tok = Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise NmtError(f"invalid wordpiece model: {' '.join(str(e).split())}") from None
+        # "</s>" written in the text is text, not an eos in the middle of a sentence.
+        self.tok.encode_special_tokens = True
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        self._symbols = [""] * len(vocab)
+        for s, i in vocab.items():
+            if i >= len(self._symbols):
+                raise NmtError("invalid wordpiece model: ids are not dense")
+            self._symbols[i] = s
+        if tuple(self._symbols[:len(SPECIALS)]) != SPECIALS:
+            raise NmtError(f"wordpiece model has specials {self._symbols[:4]}; nmt needs "
+                           f"{list(SPECIALS)} at ids 0-3: train it with nmt-preprocess")
+
+    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        # encode_batch runs in parallel in Rust (unless TOKENIZERS_PARALLELISM=false).
+        return [e.ids for e in self.tok.encode_batch(list(lines), add_special_tokens=False)]
+
+    def pieces(self, line: str) -> list[str]:
+        return self.tok.encode(line, add_special_tokens=False).tokens
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        return join_wordpieces(self._symbols[int(i)] if 0 <= int(i) < len(self._symbols)
+                               else SPECIALS[UNK] for i in ids)
+
+    def dictionary(self) -> Dictionary:
+        return Dictionary(self._symbols[len(SPECIALS):])
+
+    def to_state(self) -> dict:
+        return {"kind": self.kind, "model": self.json}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "WordPiece":
+        return cls(state["model"])
+
+    def save(self, path: Path) -> None:
+        from nmt.io import write_text_atomic
+        write_text_atomic(path, self.json)
+
+    @classmethod
+    def load(cls, path: Path) -> "WordPiece":
+        return cls(_read_bytes(path).decode("utf-8", errors="strict"))
+
+
+def join_wordpieces(pieces: Iterable[str]) -> str:
+    """'##' pieces glue onto the previous piece; the others start a new space-separated word."""
+    out: list[str] = []
+    for p in pieces:
+        if p.startswith(CONT) and out:
+            out.append(p[len(CONT):])
+        else:
+            if out:
+                out.append(" ")
+            out.append(p[len(CONT):] if p.startswith(CONT) else p)
+    return "".join(out)
+
+
+def train_wordpiece(sentences: Iterable[str], vocab_size: int, min_frequency: int = 2
+                    ) -> WordPiece:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.WordPiece(unk_token=SPECIALS[UNK], continuing_subword_prefix=CONT,
+                                     max_input_chars_per_word=100))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+        special_tokens=list(SPECIALS), continuing_subword_prefix=CONT)
+    tok.train_from_iterator(sentences, trainer=trainer)
+    return WordPiece(tok.to_str())
+
+
+# --- whitespace tokens (pre-tokenized input) ---------------------------------------------------
+
+class Whitespace(SubwordModel):
+    """No subwords: tokens are the whitespace-separated fields, looked up in a dictionary."""
+
+    kind = "none"
+
+    def __init__(self, dictionary: Dictionary):
+        self._dict = dictionary
+        # Special symbols written in the text ("</s>") are ordinary unknown words, never an
+        # eos in the middle of a sentence.
+        self._lookup = {s: i for i, s in enumerate(dictionary.symbols) if i >= len(SPECIALS)}
+
+    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        get = self._lookup.get
+        return [[get(t, UNK) for t in line.split()] for line in lines]
+
+    def pieces(self, line: str) -> list[str]:
+        return line.split()
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        d = self._dict
+        return " ".join(d[int(i)] for i in ids)
+
+    def dictionary(self) -> Dictionary:
+        return self._dict
+
+    def to_state(self) -> dict:
+        return {"kind": self.kind}
+
+
+def count_whitespace_tokens(lines: Iterable[str], counter: Counter | None = None) -> Counter:
+    counter = counter if counter is not None else Counter()
+    for line in lines:
+        counter.update(line.split())
+    return counter
+
+
+def model_from_state(state: dict, dictionary: Dictionary) -> SubwordModel:
+    kind = state.get("kind")
+    if kind == "bpe":
+        return SentencePieceBPE.from_state(state)
+    if kind == "wordpiece":
+        return WordPiece.from_state(state)
+    if kind == "none":
+        return Whitespace(dictionary)
+    raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def load_model(kind: str, path: Path | None, dictionary: Dictionary | None) -> SubwordModel:
+    if kind == "bpe":
+        return SentencePieceBPE.load(path)
+    if kind == "wordpiece":
+        return WordPiece.load(path)
+    if kind == "none":
+        if dictionary is None:
+            raise NmtError("subword 'none' needs a dictionary")
+        return Whitespace(dictionary)
+    raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _read_bytes(path: Path | os.PathLike) -> bytes:
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise NmtError(f"{p}: no such file") from None
+    except OSError as e:
+        raise NmtError(f"{p}: cannot read ({e.strerror})") from None
+
+
+__all__ = ["KINDS", "SubwordModel", "SentencePieceBPE", "WordPiece", "Whitespace",
+           "train_sentencepiece", "train_wordpiece", "count_whitespace_tokens",
+           "model_from_state", "load_model", "join_wordpieces"]

@@ -1,0 +1,152 @@
+"""Small I/O helpers shared by every command: strict UTF-8 text reading and atomic writes."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+from nmt.errors import NmtError
+
+
+def _decode_line(raw: bytes, name: str, lineno: int) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{name}: line {lineno}: invalid UTF-8 at byte {e.start}") from None
+    # Only the line terminator is stripped; other whitespace is data.
+    if text.endswith("\n"):
+        text = text[:-1]
+        if text.endswith("\r"):
+            text = text[:-1]
+    return text
+
+
+def iter_lines(path: str | os.PathLike | None, name: str | None = None) -> Iterator[str]:
+    """Yield the lines of a UTF-8 file (or stdin for None or '-') without terminators.
+
+    Invalid UTF-8 raises NmtError naming the file and the 1-based line number.
+    """
+    if path is None or str(path) == "-":
+        yield from iter_stream(sys.stdin.buffer, name or "<stdin>")
+        return
+    p = Path(path)
+    label = name or str(p)
+    if not p.exists():
+        raise NmtError(f"{label}: no such file")
+    if p.is_dir():
+        raise NmtError(f"{label}: is a directory, expected a text file")
+    try:
+        f = open(p, "rb")
+    except OSError as e:
+        raise NmtError(f"{label}: cannot read ({e.strerror})") from None
+    with f:
+        yield from iter_stream(f, label)
+
+
+def iter_stream(stream: IO[bytes], name: str) -> Iterator[str]:
+    for lineno, raw in enumerate(stream, 1):
+        yield _decode_line(raw, name, lineno)
+
+
+def read_lines(path: str | os.PathLike | None, name: str | None = None) -> list[str]:
+    return list(iter_lines(path, name))
+
+
+def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise NmtError(f"{p}: no such {what}")
+    if not os.access(p, os.R_OK):
+        raise NmtError(f"{p}: permission denied")
+    return p
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Write to a temporary file beside ``path``, fsync it, then rename it into place.
+
+    A crash at any moment leaves either the old file or the new one, never a partial file.
+    Disk-full and permission errors become NmtError naming the destination.
+    """
+    dest = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot write ({e.strerror})") from None
+    try:
+        # mkstemp creates the file 0600; give it the permissions a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+        fsync_dir(dest.parent)
+    except OSError as e:
+        _unlink_quietly(tmp)
+        raise NmtError(f"{dest}: cannot write ({e.strerror or e})") from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
+class LineWriter:
+    """Writes output lines to stdout or a file, flushing per batch, UTF-8, '\\n' endings."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = None if path in (None, "-") else Path(path)
+        if self.path is None:
+            self._f = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n",
+                                       write_through=True)
+            self._own = False
+        else:
+            try:
+                self._f = open(self.path, "w", encoding="utf-8", newline="\n")
+            except OSError as e:
+                raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
+            self._own = True
+
+    def write(self, line: str) -> None:
+        self._f.write(line + "\n")
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.flush()
+        if self._own:
+            self._f.close()
+        else:
+            self._f.detach()

@@ -1,0 +1,136 @@
+"""The paper's BLEU: Moses-tokenized, hyphenated compounds split, 4-gram BLEU on tokens.
+
+This is how tensor2tensor (``get_ende_bleu.sh``) and fairseq (``compound_split_bleu.sh``)
+computed the WMT'14 En-De figures (27.3 base / 28.4 big):
+
+1. tokenize hypotheses and references with the Moses tokenizer (``tokenizer.perl -l LANG``,
+   escaping on, no aggressive hyphen splitting; here sacremoses);
+2. split compounds: ``sed 's/\\([^ ]\\)-\\([^ ]\\)/\\1 ##AT##-##AT## \\2/g'``. Matches do not
+   overlap, exactly as with sed's ``g`` flag: ``a-b-c`` becomes ``a ##AT##-##AT## b-c``
+   because the ``b`` was consumed by the first match;
+3. corpus BLEU as ``multi-bleu.perl`` computes it: tokens split on whitespace, n-grams up to 4
+   clipped by the maximum count in any reference, the closest reference length per sentence
+   (the shorter one on ties), no smoothing (a zero precision gives 0), the brevity penalty on
+   corpus lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+_COMPOUND = re.compile(r"([^ ])-([^ ])")
+# multi-bleu.perl reads bytes: Perl's split on \s separates at ASCII whitespace only.
+_SPLIT = re.compile(r"[ \t\n\r\f\v]+")
+MAX_ORDER = 4
+
+
+def split_compounds(line: str) -> str:
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
+
+
+@lru_cache(maxsize=8)
+def _moses(lang: str):
+    from sacremoses import MosesTokenizer  # imported lazily: it loads data files
+
+    return MosesTokenizer(lang=lang)
+
+
+def moses_tokenize(line: str, lang: str = "en") -> str:
+    """``tokenizer.perl -l LANG`` (escaping on, no ``-a``)."""
+    return _moses(lang).tokenize(line, return_str=True, escape=True, aggressive_dash_splits=False)
+
+
+def prepare(line: str, lang: str = "en", tokenize: bool = True, compound_split: bool = True) -> str:
+    if tokenize:
+        line = moses_tokenize(line, lang)
+    if compound_split:
+        line = split_compounds(line)
+    return line
+
+
+def _tokens(line: str) -> list[str]:
+    return [t for t in _SPLIT.split(line) if t]
+
+
+def _ngrams(tokens: list[str], n: int) -> Counter:
+    return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+
+
+@dataclass
+class TokBleu:
+    score: float                 # 0..100
+    precisions: list[float]      # 0..100, n = 1..4
+    bp: float
+    ratio: float
+    hyp_len: int
+    ref_len: int
+    correct: list[int]
+    total: list[int]
+
+    def format(self) -> str:
+        """multi-bleu.perl's line after 'BLEU = '."""
+        p = "/".join(f"{x:.1f}" for x in self.precisions)
+        return (f"{self.score:.2f}, {p} (BP={self.bp:.3f}, ratio={self.ratio:.3f}, "
+                f"hyp_len={self.hyp_len}, ref_len={self.ref_len})")
+
+
+def multi_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]],
+               lowercase: bool = False) -> TokBleu:
+    """Corpus BLEU on whitespace tokens. ``refs[k][i]`` is reference k of sentence i."""
+    correct = [0] * MAX_ORDER
+    total = [0] * MAX_ORDER
+    hyp_len = ref_len = 0
+    for i, hyp in enumerate(hyps):
+        h = _tokens(hyp.lower() if lowercase else hyp)
+        ref_max: Counter = Counter()
+        closest_diff, closest_len = None, 0
+        for ref_set in refs:
+            r = _tokens(ref_set[i].lower() if lowercase else ref_set[i])
+            diff = abs(len(h) - len(r))
+            if closest_diff is None or diff < closest_diff \
+                    or (diff == closest_diff and len(r) < closest_len):
+                closest_diff, closest_len = diff, len(r)
+            for n in range(1, MAX_ORDER + 1):
+                for g, c in _ngrams(r, n).items():
+                    if c > ref_max[g]:
+                        ref_max[g] = c
+        hyp_len += len(h)
+        ref_len += closest_len
+        for n in range(1, MAX_ORDER + 1):
+            for g, c in _ngrams(h, n).items():
+                total[n - 1] += c
+                correct[n - 1] += min(c, ref_max.get(g, 0))
+    prec = [c / t if t else 0.0 for c, t in zip(correct, total)]
+    if ref_len == 0 or hyp_len == 0:
+        # multi-bleu.perl prints 0 (or dies dividing by a zero hypothesis length).
+        bp, score = (0.0 if hyp_len == 0 else 1.0), 0.0
+    else:
+        bp = 1.0 if hyp_len >= ref_len else math.exp(1 - ref_len / hyp_len)
+        # log(0) counts as -9999999999 in multi-bleu.perl: the score underflows to 0.
+        logs = [math.log(p) if p > 0 else -9999999999.0 for p in prec]
+        score = bp * math.exp(sum(logs) / MAX_ORDER)
+    return TokBleu(100 * score, [100 * p for p in prec], bp,
+                   hyp_len / ref_len if ref_len else 0.0, hyp_len, ref_len, correct, total)
+
+
+def tok_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str = "en",
+             tokenize: bool = True, compound_split: bool = True,
+             lowercase: bool = False) -> TokBleu:
+    """Tokenize, split compounds, then :func:`multi_bleu`."""
+    h = [prepare(x, lang, tokenize, compound_split) for x in hyps]
+    r = [[prepare(x, lang, tokenize, compound_split) for x in ref] for ref in refs]
+    return multi_bleu(h, r, lowercase)
+
+
+def signature(lang: str, tokenize: bool, compound_split: bool, lowercase: bool) -> str:
+    import sacremoses
+
+    tok = f"moses-{lang}" if tokenize else "none"
+    return (f"tok:{tok}|split:{'compound' if compound_split else 'no'}|"
+            f"case:{'lc' if lowercase else 'mixed'}|smooth:none|"
+            f"version:sacremoses-{getattr(sacremoses, '__version__', '?')}")

@@ -1,0 +1,175 @@
+"""Building blocks of the Transformer (paper, section 3): attention, feed-forward, positions.
+
+Shapes: B batch rows, S source length, T target length, D d_model, H heads, dk/dv head sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def sinusoid_table(length: int, dim: int, offset: int = 0) -> Tensor:
+    """Eq. 4: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+    Sines and cosines are interleaved exactly as the equation writes them; positions start at 0.
+    Returns [length, dim] in float32.
+    """
+    pos = torch.arange(offset, offset + length, dtype=torch.float64).unsqueeze(1)   # [L, 1]
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)                             # [ceil(d/2)]
+    angle = pos / torch.pow(10000.0, two_i / dim)                                    # [L, ceil(d/2)]
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings; the table grows on demand, so any length works."""
+
+    def __init__(self, dim: int, initial_length: int = 1024):
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("table", sinusoid_table(initial_length, dim), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """[length, D] encodings of positions offset .. offset+length-1."""
+        end = offset + length
+        if end > self.table.size(0):
+            self.table = sinusoid_table(max(end, 2 * self.table.size(0)), self.dim).to(
+                self.table.device)
+        return self.table[offset:end]
+
+
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings (Table 3, row E); at most ``max_positions`` positions."""
+
+    def __init__(self, dim: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.empty(max_positions, dim))
+        nn.init.normal_(self.weight, mean=0.0, std=dim ** -0.5)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        end = offset + length
+        if end > self.max_positions:
+            raise ValueError(f"sequence of {end} positions exceeds max_positions="
+                             f"{self.max_positions} of the learned positional embeddings")
+        return self.weight[offset:end]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention (section 3.2) on top of F.scaled_dot_product_attention.
+
+    Self-attention projects queries, keys and values with one fused matrix (one GEMM instead of
+    three); encoder-decoder attention projects the query separately and keys+values fused, so
+    that keys and values of the encoder output can be computed once per sentence.
+    """
+
+    def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, dropout: float,
+                 self_attention: bool):
+        super().__init__()
+        self.heads, self.d_k, self.d_v = heads, d_k, d_v
+        self.dropout = dropout
+        self.self_attention = self_attention
+        qk, v = heads * d_k, heads * d_v
+        if self_attention:
+            self.in_proj = nn.Linear(d_model, 2 * qk + v)
+        else:
+            self.q_proj = nn.Linear(d_model, qk)
+            self.kv_proj = nn.Linear(d_model, qk + v)
+        self.out_proj = nn.Linear(v, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    # --- projections ----------------------------------------------------------------------------
+    def _split(self, x: Tensor, dim: int) -> Tensor:
+        """[N, L, H*dim] -> [N, H, L, dim]"""
+        n, length, _ = x.shape
+        return x.view(n, length, self.heads, dim).transpose(1, 2)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention projections of x [N, L, D] -> q, k [N, H, L, dk], v [N, H, L, dv]."""
+        qk = self.heads * self.d_k
+        q, k, v = self.in_proj(x).split([qk, qk, self.heads * self.d_v], dim=-1)
+        return self._split(q, self.d_k), self._split(k, self.d_k), self._split(v, self.d_v)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder-decoder keys and values of memory [B, S, D] -> [B, H, S, dk], [B, H, S, dv]."""
+        k, v = self.kv_proj(memory).split([self.heads * self.d_k, self.heads * self.d_v], dim=-1)
+        return self._split(k, self.d_k), self._split(v, self.d_v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        return self._split(self.q_proj(x), self.d_k)
+
+    # --- attention ------------------------------------------------------------------------------
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               causal: bool = False, group: int = 1) -> Tensor:
+        """softmax(q k^T / sqrt(dk)) v, merged back to [N, L, D].
+
+        q: [N, H, Lq, dk]; k: [N/group, H, Lk, dk]; v: [N/group, H, Lk, dv]; mask: bool,
+        broadcastable to [N/group, H, Lq*group, Lk], True where attention is allowed.
+        ``group`` > 1 lets ``group`` consecutive query rows share one key/value row (the beams of
+        one sentence sharing its encoder output): their queries are stacked along the length axis.
+        """
+        n, h, lq, _ = q.shape
+        if group > 1:
+            # [B*g, H, Lq, dk] -> [B, H, g*Lq, dk]
+            q = q.view(n // group, group, h, lq, self.d_k).transpose(1, 2).reshape(
+                n // group, h, group * lq, self.d_k)
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                             is_causal=causal)
+        if group > 1:
+            # [B, H, g*Lq, dv] -> [B*g, H, Lq, dv]
+            out = out.view(n // group, h, group, lq, self.d_v).transpose(1, 2).reshape(
+                n, h, lq, self.d_v)
+        # [N, H, Lq, dv] -> [N, Lq, H*dv]
+        out = out.transpose(1, 2).reshape(n, lq, h * self.d_v)
+        return self.out_proj(out)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.act = F.relu if activation == "relu" else F.gelu
+        self.dropout = nn.Dropout(activation_dropout)
+        for m in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """Post-norm: LayerNorm(x + Dropout(f(x))) as the paper; pre-norm: x + Dropout(f(LayerNorm(x)))."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool, eps: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def before(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def after(self, x: Tensor, y: Tensor) -> Tensor:
+        out = x + self.dropout(y)
+        return out if self.pre_norm else self.norm(out)
+
+
+def embedding_scale(d_model: int) -> float:
+    return math.sqrt(d_model)

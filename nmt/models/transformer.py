@@ -1,0 +1,238 @@
+"""The Transformer of "Attention Is All You Need" (section 3), with explicit incremental decoding.
+
+    model = build_model("transformer_base", 37000, 37000)       # shared vocabulary
+    logits = model(src_tokens, prev_output_tokens)               # [B, T, V], training
+    enc = model.encode(src_tokens)                               # inference
+    state = model.init_state(enc, group=beam)
+    logits, state = model.decode(prev_tokens, state)             # one (or more) new steps
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from nmt.config import ModelConfig
+from nmt.errors import UsageError
+from nmt.models.layers import (FeedForward, LearnedPositions, MultiHeadAttention, Residual,
+                               SinusoidalPositions, embedding_scale)
+from nmt.models.state import DecoderState, EncoderOut
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
+                                            cfg.attention_dropout, self_attention=True)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.res1 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
+        self.res2 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x [B, S, D]; mask [B, 1, 1, S] (True = attend) or None."""
+        q, k, v = self.self_attn.project_qkv(self.res1.before(x))
+        x = self.res1.after(x, self.self_attn.attend(q, k, v, mask))
+        return self.res2.after(x, self.ffn(self.res2.before(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
+                                            cfg.attention_dropout, self_attention=True)
+        self.cross_attn = MultiHeadAttention(d, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
+                                             cfg.attention_dropout, self_attention=False)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.res1 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
+        self.res2 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
+        self.res3 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
+
+    def forward(self, x: Tensor, self_k: Tensor | None, self_v: Tensor | None,
+                cross_k: Tensor, cross_v: Tensor, memory_mask: Tensor | None,
+                step: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoder layer over t new positions.
+
+        x [N, t, D] for the new positions; self_k/self_v [N, H, step, dk/dv] cached keys/values
+        of earlier positions (None on a full, non-incremental pass); cross_k/cross_v
+        [N/group, H, S, dk/dv]. Returns the output and the self-attention keys/values of all
+        step + t positions, to be cached.
+        """
+        t = x.size(1)
+        q, k, v = self.self_attn.project_qkv(self.res1.before(x))
+        if self_k is not None and self_k.size(2) > 0:
+            k = torch.cat([self_k, k], dim=2)
+            v = torch.cat([self_v, v], dim=2)
+        if step == 0:
+            # Queries and keys cover the same positions: the plain causal mask.
+            y = self.self_attn.attend(q, k, v, causal=t > 1)
+        elif t == 1:
+            # One new position may see every cached one: no mask at all.
+            y = self.self_attn.attend(q, k, v)
+        else:
+            # t new positions after `step` cached ones: query i sees keys 0 .. step + i.
+            allowed = torch.ones(t, step + t, dtype=torch.bool, device=x.device).tril(step)
+            y = self.self_attn.attend(q, k, v, mask=allowed)
+        x = self.res1.after(x, y)
+
+        qc = self.cross_attn.project_q(self.res2.before(x))
+        x = self.res2.after(x, self.cross_attn.attend(qc, cross_k, cross_v, memory_mask,
+                                                      group=group))
+        x = self.res3.after(x, self.ffn(self.res3.before(x)))
+        return x, k, v
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 share_all_embeddings: bool = True, pad_idx: int = PAD):
+        super().__init__()
+        if share_all_embeddings and src_vocab_size != tgt_vocab_size:
+            raise UsageError(f"share_all_embeddings needs one joined vocabulary, but the source "
+                             f"has {src_vocab_size} symbols and the target {tgt_vocab_size}")
+        self.cfg = cfg
+        self.pad_idx = pad_idx
+        self.share_all_embeddings = share_all_embeddings
+        d = cfg.d_model
+        self.embed_scale = embedding_scale(d)
+        self.tgt_embed = self._embedding(tgt_vocab_size, d, pad_idx)
+        # Section 3.4: one matrix for both embeddings and the pre-softmax projection when the
+        # vocabulary is joined; otherwise the target embedding is still tied to the projection.
+        self.src_embed = self.tgt_embed if share_all_embeddings else self._embedding(
+            src_vocab_size, d, pad_idx)
+        if cfg.positional == "sinusoidal":
+            self.src_pos: nn.Module = SinusoidalPositions(d, cfg.max_positions)
+            self.tgt_pos: nn.Module = SinusoidalPositions(d, cfg.max_positions)
+        else:
+            self.src_pos = LearnedPositions(d, cfg.max_positions)
+            self.tgt_pos = LearnedPositions(d, cfg.max_positions)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm ones already end normalised.
+        self.encoder_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else None
+        self.decoder_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else None
+
+    @staticmethod
+    def _embedding(n: int, d: int, pad_idx: int) -> nn.Embedding:
+        emb = nn.Embedding(n, d, padding_idx=pad_idx)
+        nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
+        with torch.no_grad():
+            emb.weight[pad_idx].zero_()
+        return emb
+
+    @property
+    def max_positions(self) -> int | None:
+        """Longest sequence the model accepts, or None when sinusoids make it unbounded."""
+        return self.cfg.max_positions if self.cfg.positional == "learned" else None
+
+    # --- encoder --------------------------------------------------------------------------------
+    def _embed(self, tokens: Tensor, emb: nn.Embedding, pos: nn.Module, offset: int = 0) -> Tensor:
+        """Scaled embeddings plus positional encodings, then dropout: [N, L] -> [N, L, D]."""
+        x = emb(tokens) * self.embed_scale + pos(tokens.size(1), offset).to(emb.weight.dtype)
+        return self.dropout(x)
+
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens [B, S] (right-padded, each row ending in eos) -> EncoderOut."""
+        pad_mask = src_tokens.eq(self.pad_idx)                         # [B, S]
+        enc = EncoderOut(src_tokens.new_zeros(0), pad_mask)
+        mask = enc.attn_mask()                                         # [B, 1, 1, S] or None
+        x = self._embed(src_tokens, self.src_embed, self.src_pos)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        enc.out = x
+        return enc
+
+    # --- decoder --------------------------------------------------------------------------------
+    def init_state(self, enc: EncoderOut, group: int = 1) -> DecoderState:
+        """Decoder state before the first step: encoder-decoder keys/values computed once.
+
+        ``group`` decoder rows (beams) per sentence share them; see nmt.models.state.
+        """
+        cross_k, cross_v = [], []
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attn.project_kv(enc.out)                # [B, H, S, dk/dv]
+            cross_k.append(k)
+            cross_v.append(v)
+        rows = enc.out.size(0) * group
+        empty = [enc.out.new_zeros(rows, self.cfg.heads, 0, self.cfg.head_dim_k)
+                 for _ in self.decoder_layers]
+        empty_v = [enc.out.new_zeros(rows, self.cfg.heads, 0, self.cfg.head_dim_v)
+                   for _ in self.decoder_layers]
+        return DecoderState(self_k=empty, self_v=empty_v, cross_k=cross_k, cross_v=cross_v,
+                            memory_mask=enc.attn_mask(), group=group, step=0)
+
+    def decode(self, prev_tokens: Tensor, state: DecoderState,
+               return_hidden: bool = False) -> tuple[Tensor, DecoderState]:
+        """Run the decoder over the new tokens ``prev_tokens`` [N, t] given ``state``.
+
+        Returns logits [N, t, V] for the t new positions and the state extended by t steps.
+        """
+        x = self._embed(prev_tokens, self.tgt_embed, self.tgt_pos, offset=state.step)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            x, k, v = layer(x, state.self_k[i], state.self_v[i], state.cross_k[i],
+                            state.cross_v[i], state.memory_mask, state.step, state.group)
+            new_k.append(k)
+            new_v.append(v)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        new_state = DecoderState(self_k=new_k, self_v=new_v, cross_k=state.cross_k,
+                                 cross_v=state.cross_v, memory_mask=state.memory_mask,
+                                 group=state.group, step=state.step + prev_tokens.size(1))
+        out = x if return_hidden else self.output_projection(x)
+        return out, new_state
+
+    def output_projection(self, x: Tensor) -> Tensor:
+        """Pre-softmax projection tied to the target embedding: [N, t, D] -> [N, t, V]."""
+        return nn.functional.linear(x, self.tgt_embed.weight)
+
+    def decode_full(self, prev_output_tokens: Tensor, enc: EncoderOut,
+                    return_hidden: bool = False) -> Tensor:
+        """Teacher-forced decoder pass over whole target prefixes [B, T] (training)."""
+        x = self._embed(prev_output_tokens, self.tgt_embed, self.tgt_pos)
+        mask = enc.attn_mask()
+        for layer in self.decoder_layers:
+            cross_k, cross_v = layer.cross_attn.project_kv(enc.out)
+            x, _, _ = layer(x, None, None, cross_k, cross_v, mask, step=0, group=1)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return x if return_hidden else self.output_projection(x)
+
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor,
+                return_hidden: bool = False) -> Tensor:
+        """src_tokens [B, S], prev_output_tokens [B, T] -> logits [B, T, V].
+
+        With ``return_hidden`` the decoder's final hidden states [B, T, D] are returned instead,
+        so that a loss can project only the non-padding positions.
+        """
+        return self.decode_full(prev_output_tokens, self.encode(src_tokens), return_hidden)
+
+
+def build_model(arch_or_config: str | ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                share_all_embeddings: bool = True, pad_idx: int = PAD) -> Transformer:
+    """Build a Transformer from a registered architecture name or a ModelConfig."""
+    from nmt.registry import get_arch
+
+    cfg = get_arch(arch_or_config) if isinstance(arch_or_config, str) else arch_or_config
+    if src_vocab_size < 4 or tgt_vocab_size < 4:
+        raise UsageError("vocabulary sizes must include the 4 special symbols")
+    return Transformer(cfg, src_vocab_size, tgt_vocab_size, share_all_embeddings, pad_idx)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def parameter_count(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None,
+                    share_all_embeddings: bool = True) -> int:
+    """Parameter count of a config without allocating its weights (built on the meta device)."""
+    tgt = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
+    with torch.device("meta"):
+        model = Transformer(cfg, src_vocab_size, tgt, share_all_embeddings)
+    return count_parameters(model)

@@ -1,0 +1,72 @@
+"""One or several models behind the interface beam search needs: encode, init_state, step.
+
+An ensemble averages the models' next-token *probabilities* (mean_i p_i, the distribution
+fairseq's ensembles use: it computes the same as logsumexp_i log p_i - log n), so the result is
+again a normalised distribution and a single model is the special case n = 1. Beam search takes
+the log of the few candidates it keeps, not of the whole vocabulary. All models must share
+the target vocabulary (and, since they read the same source ids, the source one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class EnsembleState:
+    """The decoder states of every model, reordered and shrunk together."""
+
+    states: list[Any]
+
+    def reorder(self, index: Tensor) -> "EnsembleState":
+        return EnsembleState([s.reorder(index) for s in self.states])
+
+    def select_sentences(self, keep: Tensor) -> "EnsembleState":
+        return EnsembleState([s.select_sentences(keep) for s in self.states])
+
+
+class EnsembleModel:
+    """Wraps models exposing ``encode(src)``, ``init_state(enc, group)``, ``decode(prev, state)``
+    (nmt.models.Transformer, or a scripted model in tests)."""
+
+    def __init__(self, models: Sequence[Any]):
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        self.models = list(models)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    @property
+    def max_positions(self) -> int | None:
+        """Longest sequence every model accepts (None: unbounded, sinusoidal positions)."""
+        limits = [getattr(m, "max_positions", None) for m in self.models]
+        limits = [x for x in limits if x is not None]
+        return min(limits) if limits else None
+
+    def encode(self, src_tokens: Tensor) -> list[Any]:
+        return [m.encode(src_tokens) for m in self.models]
+
+    def init_state(self, encs: list[Any], group: int) -> EnsembleState:
+        return EnsembleState([m.init_state(e, group=group) for m, e in zip(self.models, encs)])
+
+    def step(self, prev_tokens: Tensor, state: EnsembleState) -> tuple[Tensor, EnsembleState]:
+        """prev_tokens [R, 1] (the last token of each row) -> next-token probabilities [R, V]
+        (float32, even when the models run in fp16/bf16), averaged over the models."""
+        probs, states = None, []
+        for m, s in zip(self.models, state.states):
+            logits, s = m.decode(prev_tokens, s)                 # [R, 1, V]
+            p = F.softmax(logits[:, -1], dim=-1, dtype=torch.float32)   # [R, V], no copy
+            probs = p if probs is None else probs.add_(p)
+            states.append(s)
+        if len(self.models) > 1:
+            probs.div_(len(self.models))
+        return probs, EnsembleState(states)
+
+
+__all__ = ["EnsembleModel", "EnsembleState"]

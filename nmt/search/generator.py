@@ -1,0 +1,201 @@
+"""Batched beam search with an incremental decoder: the generation loop and its bookkeeping.
+
+Rows are sentence-major (row ``b * beam + k``, as nmt.models.state). Per step, for the N
+sentences still running:
+
+1. one decoder step for all N*beam rows (the KV cache grows by one position);
+2. the beam policy (nmt.search.beam) picks the 2*beam best extensions per sentence;
+3. eos candidates among the first ``beam`` become finished hypotheses, scored
+   log P(Y) / lp(|Y|) (nmt.search.length_penalty); the next beam is the first ``beam``
+   non-eos candidates;
+4. finished sentences leave the batch (``state.select_sentences``), the others reorder their
+   cache rows (``state.reorder``).
+
+When is a sentence done? As soon as one of these holds:
+
+- it has ``beam`` finished hypotheses (fairseq's rule; with beam 1 this makes beam search
+  exactly greedy decoding: it stops at the first eos);
+- it has ``nbest`` finished hypotheses and no unfinished one can still beat the nbest-th best of
+  them: an unfinished hypothesis with log-probability s can at best reach s / lp(max_len + 1)
+  (log-probabilities only decrease and, s being <= 0, dividing by the largest lp gives the
+  largest value; see ``best_possible_score``). This is the paper's (tensor2tensor's) rule; it
+  never changes the result, it only stops earlier;
+- it has reached its maximum length: at step ``max_len`` only eos is allowed, so every live
+  hypothesis finishes with at most ``max_len`` tokens before its eos, where
+  ``max_len = floor(a * source_length + b)`` (source length in subwords, without eos), capped
+  so that the decoder never needs more positions than the model has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from nmt.errors import UsageError
+from nmt.search.beam import beam_candidates, split_candidates
+from nmt.search.length_penalty import best_possible_score, length_penalty
+
+PAD, BOS, EOS = 0, 1, 2
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SearchConfig:
+    beam: int = 4
+    lenpen: float = 0.6          # alpha of the length penalty; 0 ranks by log-probability
+    max_len_a: float = 1.0       # at most floor(a * source_length + b) tokens before eos
+    max_len_b: int = 50
+    nbest: int = 1               # hypotheses returned per sentence, best first
+
+    def __post_init__(self) -> None:
+        if self.beam < 1:
+            raise UsageError(f"beam must be >= 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise UsageError(f"nbest must be between 1 and the beam size ({self.beam}), "
+                             f"got {self.nbest}")
+        if self.lenpen < 0:
+            raise UsageError(f"lenpen must be >= 0, got {self.lenpen}")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise UsageError(f"max-len-a and max-len-b must be >= 0, got "
+                             f"{self.max_len_a} and {self.max_len_b}")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]                 # generated ids, ending with eos
+    score: float                      # log P(Y|X) / lp(|Y|), what the beam ranks by
+    token_scores: list[float] = field(default_factory=list)   # log-prob of each token
+
+    @property
+    def log_prob(self) -> float:
+        return float(sum(self.token_scores))
+
+
+def max_lengths(src_lengths: Tensor, cfg: SearchConfig, max_positions: int | None) -> Tensor:
+    """[B] most tokens before eos: floor(a * len + b), capped by the decoder's positions.
+
+    The decoder reads bos + max_len tokens (positions 0 .. max_len) to predict the forced eos.
+    """
+    out = torch.floor(cfg.max_len_a * src_lengths.double() + cfg.max_len_b).long().clamp(min=0)
+    if max_positions is not None:
+        out = out.clamp(max=max_positions - 1)
+    return out
+
+
+@torch.inference_mode()
+def beam_search(model, src_tokens: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Translate a batch: src_tokens [B, S] (right-padded, each row ending in eos).
+
+    ``model`` is an nmt.search.ensemble.EnsembleModel (or anything with its encode /
+    init_state / step / max_positions). Returns, per sentence, its ``cfg.nbest`` best
+    hypotheses, best first (ties: the one found first).
+    """
+    device = src_tokens.device
+    bsz, k = src_tokens.size(0), cfg.beam
+    alpha = cfg.lenpen
+    src_lengths = src_tokens.ne(PAD).sum(1) - 1                     # [B] without eos
+    max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
+    n_steps = int(max_len.max()) + 1
+
+    state = model.init_state(model.encode(src_tokens), group=k)
+    # Per running sentence (N of them; sentence-major rows):
+    sent = torch.arange(bsz, device=device)                         # [N] index in the batch
+    tokens = torch.full((bsz * k, n_steps + 1), PAD, dtype=torch.long, device=device)
+    tokens[:, 0] = BOS                                              # [N*K, 1 + steps]
+    tok_scores = torch.zeros(bsz * k, n_steps, device=device)       # [N*K, steps]
+    scores = torch.full((bsz, k), NEG_INF, device=device)           # [N, K] log P(prefix)
+    scores[:, 0] = 0.0      # one live row per sentence at first, so beams start distinct
+    n_fin = torch.zeros(bsz, dtype=torch.long, device=device)       # [N] finished so far
+    kth_best = torch.full((bsz,), NEG_INF, device=device)           # [N] nbest-th best score
+    finished: list[list[tuple[float, list[int], list[float]]]] = [[] for _ in range(bsz)]
+
+    for step in range(n_steps):
+        n = sent.numel()
+        probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
+        vocab = probs.size(1)
+        probs[:, PAD] = 0.0             # never predicted
+        probs[:, BOS] = 0.0
+        at_max = max_len.eq(step)                                     # [N]
+        if bool(at_max.any()):
+            # Forced eos, keeping the model's own eos probability in the score (floored, so
+            # that a model giving eos probability 0 still ends its hypotheses).
+            rows = at_max.repeat_interleave(k)
+            eos_p = probs[rows, EOS].clamp(min=1e-30)
+            probs[rows] = 0.0
+            probs[rows, EOS] = eos_p
+
+        c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
+            probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
+        fin, pos, alive = split_candidates(c_scores, c_tokens, EOS, k)
+
+        if bool(fin.any()):
+            _collect_finished(finished, fin, sent, c_scores, c_beams, c_lprobs, tokens,
+                              tok_scores, step, k, alpha, n_fin, kth_best, cfg.nbest)
+
+        new_beams = c_beams.gather(1, pos)                            # [N, K]
+        new_tokens = c_tokens.gather(1, pos)
+        new_lprobs = c_lprobs.gather(1, pos)
+        new_scores = c_scores.gather(1, pos).masked_fill(~alive, NEG_INF)
+
+        # Done: enough finished, or none of the live ones can win any more, or none is live.
+        bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha)   # [N]
+        done = (n_fin >= k) | ((n_fin >= cfg.nbest) & (bound <= kth_best)) | ~alive[:, 0]
+        rows = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams   # [N, K] old rows
+        if bool(done.any()):
+            if bool(done.all()):
+                break
+            keep = (~done).nonzero().squeeze(1)                        # [N']
+            rows, new_beams = rows[keep], new_beams[keep]
+            new_tokens, new_lprobs = new_tokens[keep], new_lprobs[keep]
+            new_scores = new_scores[keep]
+            sent, max_len, n_fin, kth_best = sent[keep], max_len[keep], n_fin[keep], kth_best[keep]
+            state = state.select_sentences(keep)
+            n = keep.numel()
+            local = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams
+        else:
+            local = rows
+        state = state.reorder(local.reshape(-1))
+        flat = rows.reshape(-1)
+        tokens = tokens.index_select(0, flat)
+        tok_scores = tok_scores.index_select(0, flat)
+        tokens[:, step + 1] = new_tokens.reshape(-1)
+        tok_scores[:, step] = new_lprobs.reshape(-1)
+        scores = new_scores
+
+    out: list[list[Hypothesis]] = []
+    for hyps in finished:
+        # Stable sort: among equal scores the hypothesis found first wins.
+        hyps = sorted(hyps, key=lambda h: -h[0])[:cfg.nbest]
+        out.append([Hypothesis(toks, score, ts) for score, toks, ts in hyps])
+    return out
+
+
+def _collect_finished(finished, fin: Tensor, sent: Tensor, c_scores: Tensor, c_beams: Tensor,
+                      c_lprobs: Tensor, tokens: Tensor, tok_scores: Tensor, step: int, k: int,
+                      alpha: float, n_fin: Tensor, kth_best: Tensor, nbest: int) -> None:
+    """Store the eos candidates ``fin`` [N, <=K] as finished hypotheses of length step + 1.
+
+    Gathers everything with tensor ops and crosses into Python once per step; updates the
+    per-sentence counts ``n_fin`` and nbest-th best scores ``kth_best`` in place.
+    """
+    fi, fj = fin.nonzero(as_tuple=True)                              # [F] each
+    rows = fi * k + c_beams[fi, fj]                                  # [F] rows they extend
+    norm = c_scores[fi, fj] / length_penalty(step + 1, alpha)       # [F] |Y| = step + 1
+    prefix = tokens[rows, 1:step + 1].tolist()
+    prefix_scores = tok_scores[rows, :step].tolist()
+    eos_lp = c_lprobs[fi, fj].tolist()
+    sent_ids = sent.tolist()
+    touched = set()
+    for i, s, toks, ts, e in zip(fi.tolist(), norm.tolist(), prefix, prefix_scores, eos_lp):
+        finished[sent_ids[i]].append((s, toks + [EOS], ts + [e]))
+        touched.add(i)
+    for i in touched:
+        lst = finished[sent_ids[i]]
+        n_fin[i] = len(lst)
+        if len(lst) >= nbest:
+            kth_best[i] = sorted((h[0] for h in lst), reverse=True)[nbest - 1]
+
+
+__all__ = ["SearchConfig", "Hypothesis", "beam_search", "max_lengths"]

@@ -1,0 +1,1 @@
+"""Tasks beyond plain translation: constituency parsing as translation (trees, linearization)."""

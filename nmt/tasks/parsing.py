@@ -1,0 +1,228 @@
+"""Constituency parsing as translation ("Grammar as a Foreign Language", Vinyals et al. 2015).
+
+Source: the sentence's words, as tokenized in the treebank. Target: the tree, depth first, with
+labelled opening and closing brackets and every POS tag replaced by ``XX``::
+
+    (S (NP (NNP John)) (VP (VBZ has) (NP (DT a) (NN dog))) (. .))
+    ->  (S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S
+
+Decisions (see nmt.tasks.trees.normalize for the treebank side): the root label ``TOP`` is not
+part of the sequence; unary chains are kept (``(S (VP XX )VP )S``); preterminals become ``XX``,
+so the linearization of a normalized tree is lossless except for the POS tags, which
+:func:`delinearize` takes back from a tag list when one is given (else they stay ``XX``).
+
+:func:`delinearize` turns any generated sequence into a tree over the input words:
+
+* a ``)``/``)L`` closes the innermost open constituent whatever ``L`` says; one with nothing
+  open is dropped (too many closing brackets);
+* constituents still open at the end are closed (too few closing brackets);
+* ``XX`` beyond the number of words is dropped; words left over when the ``XX`` run out are
+  appended to the sentence's single top constituent (or under the root when there are several);
+* constituents without words are removed; any other token (``<unk>``, stray text) is ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from nmt.errors import NmtError
+from nmt.io import atomic_write, iter_lines
+from nmt.tasks.trees import Tree, list_treebank_files, read_treebank_file, to_string, with_root
+
+log = logging.getLogger("nmt.tasks.parsing")
+
+WORD_SLOT = "XX"
+ROOT = "TOP"
+
+
+def linearize(tree: Tree) -> list[str]:
+    """Depth-first bracket sequence; TOP (if present) is not part of it."""
+    if tree.label == ROOT and not tree.is_preterminal:
+        out: list[str] = []
+        for child in tree.children:
+            if isinstance(child, Tree):
+                out.extend(linearize(child))
+        return out
+    out = []
+    # (node, entered) pairs: the second visit of a phrase emits its closing bracket.
+    stack: list[tuple[Tree, bool]] = [(tree, False)]
+    while stack:
+        node, entered = stack.pop()
+        if node.is_preterminal:
+            out.append(WORD_SLOT)
+        elif entered:
+            out.append(")" + node.label)
+        else:
+            out.append("(" + node.label)
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(node.children) if isinstance(c, Tree))
+    return out
+
+
+def delinearize(sequence: str | Sequence[str], words: Sequence[str],
+                tags: Sequence[str] | None = None, root: str = ROOT,
+                stats: Counter | None = None) -> Tree:
+    """Rebuild a tree over ``words`` from a (possibly ill-formed) generated bracket sequence.
+
+    ``tags`` (one per word) are the POS tags to put back; without them every tag is ``XX``.
+    ``stats`` (optional) counts the repairs made, by kind. The result is rooted at ``root``.
+    """
+    tokens = sequence.split() if isinstance(sequence, str) else list(sequence)
+    if tags is not None and len(tags) != len(words):
+        raise ValueError(f"{len(tags)} tags for {len(words)} words")
+    stats = stats if stats is not None else Counter()
+    top = Tree(root)
+    stack: list[Tree] = [top]
+    n_used = 0
+
+    def leaf(i: int) -> Tree:
+        return Tree(tags[i] if tags is not None else WORD_SLOT, [words[i]])
+
+    for tok in tokens:
+        if tok == WORD_SLOT:
+            if n_used < len(words):
+                stack[-1].children.append(leaf(n_used))
+                n_used += 1
+            else:
+                stats["extra_xx"] += 1
+        elif len(tok) > 1 and tok[0] == "(":
+            node = Tree(tok[1:])
+            stack[-1].children.append(node)
+            stack.append(node)
+        elif tok[0] == ")":
+            if len(stack) == 1:
+                stats["extra_close"] += 1
+                continue
+            if len(tok) > 1 and tok[1:] != stack[-1].label:
+                stats["label_mismatch"] += 1
+            stack.pop()
+        else:
+            stats["junk_token"] += 1
+    if len(stack) > 1:
+        stats["missing_close"] += len(stack) - 1
+    if n_used < len(words):
+        stats["missing_xx"] += len(words) - n_used
+        phrases = [c for c in top.children if isinstance(c, Tree) and not c.is_preterminal]
+        host = phrases[0] if len(phrases) == 1 and len(top.children) == 1 else top
+        host.children.extend(leaf(i) for i in range(n_used, len(words)))
+    _prune_empty(top, stats)
+    return top
+
+
+def _prune_empty(tree: Tree, stats: Counter) -> None:
+    """Remove constituents without words (e.g. ``(NP )NP``), bottom-up, iteratively."""
+    order: list[Tree] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(c for c in node.children if isinstance(c, Tree) and not c.is_preterminal)
+    for node in reversed(order):  # children before parents
+        kept = [c for c in node.children
+                if not isinstance(c, Tree) or c.is_preterminal or c.children]
+        if len(kept) != len(node.children):
+            stats["empty_constituent"] += len(node.children) - len(kept)
+            node.children = kept
+
+
+def right_branching(words: Sequence[str], tags: Sequence[str] | None = None,
+                    label: str = "S", root: str = ROOT) -> Tree:
+    """Baseline: every suffix of the sentence of two or more words is a constituent ``label``."""
+    leaves = [Tree(tags[i] if tags is not None else WORD_SLOT, [w]) for i, w in enumerate(words)]
+    if not leaves:
+        return Tree(root)
+    node: Tree = leaves[-1]
+    for lf in reversed(leaves[:-1]):
+        node = Tree(label, [lf, node])
+    if node.is_preterminal:  # one-word sentence
+        node = Tree(label, [node])
+    return Tree(root, [node])
+
+
+# ---- files -------------------------------------------------------------------------------
+
+@dataclass
+class SplitSpec:
+    name: str
+    first: int
+    last: int
+
+    @classmethod
+    def parse(cls, text: str) -> "SplitSpec":
+        m = re.fullmatch(r"([A-Za-z][\w.]*)=(\d+)-(\d+)", text.strip())
+        if not m:
+            raise NmtError(f"bad split {text!r}: expected NAME=FIRST-LAST, e.g. train=0200-2199")
+        first, last = int(m.group(2)), int(m.group(3))
+        if first > last:
+            raise NmtError(f"bad split {text!r}: {first} > {last}")
+        return cls(m.group(1), first, last)
+
+
+def file_number(path: str) -> int | None:
+    """wsj_0172.mrg -> 172 (the file numbers that define the standard WSJ splits)."""
+    m = re.search(r"(\d+)\D*$", os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
+                     splits: Sequence[SplitSpec], src_suffix: str = "words",
+                     tgt_suffix: str = "lin") -> dict[str, dict[str, int]]:
+    """Write, per split, ``{split}.{src_suffix}`` (words), ``{split}.{tgt_suffix}`` (linearized
+    trees), ``{split}.gold`` (one normalized tree per line, rooted at TOP) and ``{split}.tags``.
+
+    Returns {split: {"files": n, "sentences": n, "words": n}}.
+    """
+    files = list_treebank_files(inputs)
+    if not files:
+        raise NmtError("no .mrg files found in the given inputs")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, dict[str, int]] = {}
+    for spec in splits:
+        chosen = [f for f in files if (n := file_number(f)) is not None
+                  and spec.first <= n <= spec.last]
+        if not chosen:
+            raise NmtError(f"split {spec.name}: no .mrg file numbered {spec.first}-{spec.last}")
+        src, tgt, gold, tags = [], [], [], []
+        for f in chosen:
+            for tree in read_treebank_file(f):
+                tw = tree.tagged_words()
+                src.append(" ".join(w for _, w in tw))
+                tags.append(" ".join(t for t, _ in tw))
+                tgt.append(" ".join(linearize(tree)))
+                gold.append(to_string(with_root(tree)))
+        for suffix, lines in ((src_suffix, src), (tgt_suffix, tgt), ("gold", gold), ("tags", tags)):
+            with atomic_write(out / f"{spec.name}.{suffix}", "w") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+        summary[spec.name] = {"files": len(chosen), "sentences": len(src),
+                              "words": sum(len(s.split()) for s in src)}
+        log.info("%s: %d files, %d sentences", spec.name, len(chosen), len(src))
+    return summary
+
+
+def delinearize_file(words_path: str | os.PathLike, generated_path: str | os.PathLike | None,
+                     tags_path: str | os.PathLike | None = None) -> tuple[list[str], Counter]:
+    """One tree line per input line: generated sequences (None: stdin) over the source words."""
+    words = list(iter_lines(words_path))
+    generated = list(iter_lines(generated_path))
+    if len(generated) != len(words):
+        raise NmtError(f"{generated_path or '<stdin>'} has {len(generated)} lines but "
+                       f"{words_path} has {len(words)}")
+    tag_lines = list(iter_lines(tags_path)) if tags_path is not None else None
+    if tag_lines is not None and len(tag_lines) != len(words):
+        raise NmtError(f"{tags_path} has {len(tag_lines)} lines but {words_path} has {len(words)}")
+    stats: Counter = Counter()
+    trees = []
+    for i, (w, g) in enumerate(zip(words, generated)):
+        ws = w.split()
+        ts = tag_lines[i].split() if tag_lines is not None else None
+        if ts is not None and len(ts) != len(ws):
+            raise NmtError(f"{tags_path}: line {i + 1}: {len(ts)} tags for {len(ws)} words")
+        trees.append(to_string(delinearize(g, ws, ts, stats=stats)))
+    return trees, stats

@@ -1,0 +1,155 @@
+"""Checkpoint files: self-contained, written atomically, loaded with ``weights_only=True``.
+
+The format (docs/DESIGN.md, "Checkpoint") is a plain dict of python types and tensors, so that
+``torch.load(weights_only=True)`` can read it without running any pickled code::
+
+    format_version, nmt_version, model_config, share_all_embeddings,
+    src_vocab_size, tgt_vocab_size, src_lang, tgt_lang, data_dir,
+    src_codec, tgt_codec, model,
+    # training checkpoints only:
+    train_config, optimizer, scheduler, scaler, rng, progress
+
+``nmt-generate`` needs only the first group; the second lets ``nmt-train`` resume exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from nmt.config import ModelConfig
+from nmt.errors import NmtError
+from nmt.io import atomic_write
+
+FORMAT_VERSION = 1
+
+# Keys every checkpoint (training, averaged or inference) must carry.
+REQUIRED_KEYS = ("format_version", "model_config", "share_all_embeddings", "src_codec",
+                 "tgt_codec", "model")
+# Keys that only training checkpoints carry; an inference checkpoint drops them.
+TRAINING_KEYS = ("train_config", "optimizer", "scheduler", "scaler", "rng", "progress")
+
+
+def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``ckpt`` to ``path`` atomically (temporary file, fsync, rename)."""
+    dest = Path(path)
+    if "format_version" not in ckpt:
+        ckpt = {"format_version": FORMAT_VERSION, **ckpt}
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"{dest.parent}: cannot create directory ({e.strerror})") from None
+    with atomic_write(dest, "wb") as f:
+        torch.save(dict(ckpt), f)
+    return dest
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """Read and validate a checkpoint; every failure is a one-line :class:`NmtError`.
+
+    Only tensors and plain python containers are unpickled (``weights_only=True``): a file that
+    asks to construct arbitrary objects (a crafted pickle) is refused, not executed.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise NmtError(f"{p}: no such checkpoint")
+    if p.is_dir():
+        raise NmtError(f"{p}: is a directory, expected a checkpoint file")
+    if not os.access(p, os.R_OK):
+        raise NmtError(f"{p}: permission denied")
+    if p.stat().st_size == 0:
+        raise NmtError(f"{p}: empty file, not a checkpoint")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pickle-protocol chatter on foreign files
+            ckpt = torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # weights_only's restricted unpickler refuses any global it does not allow: a crafted
+        # file asking for os.system lands here and nothing of it is executed.
+        text = str(e)
+        if "global" in text.lower():
+            raise NmtError(f"{p}: refused to load: the file asks to build objects other than "
+                           f"tensors and plain data (not an nmt checkpoint, or a crafted one)"
+                           ) from None
+        raise NmtError(f"{p}: not a readable checkpoint (the safe loader refused it)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError, AttributeError,
+            TypeError, IndexError, OSError) as e:
+        msg = " ".join(str(e).split())
+        msg = msg.split(". ")[0][:160] or type(e).__name__
+        raise NmtError(f"{p}: corrupt or truncated checkpoint ({msg})") from None
+    validate_checkpoint(ckpt, str(p))
+    return ckpt
+
+
+def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
+    if not isinstance(ckpt, dict):
+        raise NmtError(f"{name}: not an nmt checkpoint (top level is {type(ckpt).__name__})")
+    if "format_version" not in ckpt:
+        raise NmtError(f"{name}: not an nmt checkpoint (no format_version)")
+    version = ckpt["format_version"]
+    if version != FORMAT_VERSION:
+        raise NmtError(f"{name}: unsupported checkpoint format_version {version!r} "
+                       f"(this nmt reads version {FORMAT_VERSION})")
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
+    if missing:
+        raise NmtError(f"{name}: incomplete checkpoint, missing {', '.join(missing)}")
+    if not isinstance(ckpt["model"], dict) or not all(
+            isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
+        raise NmtError(f"{name}: incomplete checkpoint, 'model' is not a tensor dictionary")
+
+
+def vocab_sizes(ckpt: Mapping[str, Any]) -> tuple[int, int]:
+    """(source, target) vocabulary sizes, from the checkpoint or, failing that, its codecs."""
+    if "src_vocab_size" in ckpt and "tgt_vocab_size" in ckpt:
+        return int(ckpt["src_vocab_size"]), int(ckpt["tgt_vocab_size"])
+    from nmt.data.codec import TextCodec  # late: needs sentencepiece etc.
+
+    return (len(TextCodec.from_state(ckpt["src_codec"]).dictionary),
+            len(TextCodec.from_state(ckpt["tgt_codec"]).dictionary))
+
+
+def model_config(ckpt: Mapping[str, Any]) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(ckpt["model_config"])
+    except NmtError as e:
+        raise NmtError(f"checkpoint has an invalid model configuration: {e}") from None
+
+
+def load_model_from_checkpoint(path_or_ckpt: str | os.PathLike | Mapping[str, Any],
+                               device: str | torch.device = "cpu"):
+    """Rebuild the model a checkpoint describes and load its weights.
+
+    Returns ``(model, ckpt)``; the model is in eval mode on ``device``.
+    """
+    import nmt  # late: nmt.build_model imports the model code
+
+    if isinstance(path_or_ckpt, Mapping):
+        ckpt = dict(path_or_ckpt)
+        validate_checkpoint(ckpt)
+        name = "checkpoint"
+    else:
+        ckpt = load_checkpoint(path_or_ckpt)
+        name = str(path_or_ckpt)
+    cfg = model_config(ckpt)
+    src_v, tgt_v = vocab_sizes(ckpt)
+    model = nmt.build_model(cfg, src_v, tgt_v,
+                            share_all_embeddings=bool(ckpt["share_all_embeddings"]))
+    try:
+        model.load_state_dict(ckpt["model"], strict=True)
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:300]
+        raise NmtError(f"{name}: weights do not match the model configuration ({first})") from None
+    model.to(device)
+    model.eval()
+    return model, ckpt
+
+
+def inference_checkpoint(ckpt: Mapping[str, Any]) -> dict:
+    """A copy without optimizer/scheduler/RNG/progress: what averaging and export produce."""
+    return {k: v for k, v in ckpt.items() if k not in TRAINING_KEYS}

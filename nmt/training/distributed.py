@@ -1,0 +1,127 @@
+"""torchrun integration: read RANK/WORLD_SIZE/LOCAL_RANK, pick the device and the backend.
+
+``torchrun --nproc_per_node 8 --no-python nmt-train ...`` sets the environment; without it
+training runs in one process and nothing here talks to the network.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nmt.errors import NmtError
+
+log = logging.getLogger("nmt.train")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def env_dist_info() -> DistInfo:
+    """The ranks torchrun announces through the environment (one process if it does not)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise NmtError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise NmtError(f"inconsistent RANK={rank} WORLD_SIZE={world}")
+    return DistInfo(rank, world, local)
+
+
+def pick_device(requested: str, info: DistInfo) -> torch.device:
+    """'auto' means cuda:LOCAL_RANK when CUDA is available, else cpu."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise NmtError(f"unknown device '{requested}' (use cpu, cuda, cuda:N or auto)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NmtError("--device cuda requested but CUDA is not available")
+        if device.index is None:
+            device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(info: DistInfo, device: torch.device, timeout_minutes: float) -> None:
+    """Join the process group torchrun prepared: NCCL on GPUs, gloo on CPU."""
+    if not info.enabled or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            raise NmtError(f"WORLD_SIZE={info.world_size} but {var} is not set; "
+                           f"launch with torchrun")
+    try:
+        dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size,
+                                timeout=datetime.timedelta(minutes=timeout_minutes),
+                                device_id=device if device.type == "cuda" else None)
+    except (RuntimeError, ValueError) as e:
+        raise NmtError(f"cannot join the process group ({backend}): "
+                       f"{' '.join(str(e).split())[:200]}") from None
+    log.info("rank %d/%d joined the %s process group", info.rank, info.world_size, backend)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_object(obj: Any, info: DistInfo) -> list[Any]:
+    if not info.enabled:
+        return [obj]
+    out: list[Any] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    """rank 0's ``obj`` on every rank."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def sum_allreduce_hook(state, bucket):  # no annotations: DDP inspects them at runtime
+    """DDP communication hook: sum gradients (DDP's default averages them).
+
+    The trainer divides the summed gradient by the update's total number of target tokens, so
+    each token weighs the same whatever rank or micro-batch it came from.
+    """
+    fut = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])

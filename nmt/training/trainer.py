@@ -1,0 +1,223 @@
+"""One update of the paper's training regime, and its state for checkpoints.
+
+An update (``train_step``) runs ``update_freq`` micro-batches forward/backward, sums their losses
+and gradients, sums those again across ranks, divides once by the update's number of target
+tokens, optionally clips, and makes one Adam step at the learning rate of eq. 5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from nmt.data.batching import Batch, dummy_batch
+from nmt.errors import NmtError
+from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
+from nmt.training.loss import ModelWithLoss
+from nmt.training.optim import InverseSqrtSchedule, make_optimizer
+
+log = logging.getLogger("nmt.train")
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class StepStats:
+    """Sums over one update (all ranks). Tensors stay on the device: reading them is a sync."""
+
+    loss: torch.Tensor       # label-smoothed loss, summed over target tokens (nats)
+    nll: torch.Tensor        # negative log-likelihood, summed (nats)
+    gnorm: torch.Tensor      # gradient norm after normalisation, before clipping
+    ntokens: int
+    nsentences: int
+    src_ntokens: int
+    lr: float
+    skipped: bool            # fp16 overflow: the update was not applied
+    flags: list[float]       # rank-0 decisions shared with every rank (see Trainer.train_step)
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, *, label_smoothing: float, d_model: int,
+                 warmup: int = 4000, lr_scale: float = 1.0, clip_norm: float = 0.0,
+                 precision: str = "fp32", device: torch.device | str = "cpu",
+                 dist_info: DistInfo | None = None, pad_idx: int = 0):
+        self.device = torch.device(device)
+        self.dist = dist_info or DistInfo()
+        if precision not in PRECISIONS:
+            raise NmtError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
+        if precision != "fp32" and self.device.type != "cuda":
+            raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on "
+                           f"{self.device.type}")
+        self.precision = precision
+        self.model = model.to(self.device)
+        self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx)
+        self.wrapped: nn.Module = self.criterion
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.wrapped = DDP(self.criterion, device_ids=ids)
+            self.wrapped.register_comm_hook(None, sum_allreduce_hook)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.params)
+        self.schedule = InverseSqrtSchedule(self.optimizer, d_model, warmup, lr_scale)
+        self.clip_norm = clip_norm
+        self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 7)
+                       if precision == "fp16" else None)
+        self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self._dummy = dummy_batch().to(self.device)
+        self.num_skipped = 0
+
+    @property
+    def num_updates(self) -> int:
+        return self.schedule.step_num
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def train_step(self, batches: Sequence[Batch | None], flags: Sequence[float] = ()) -> StepStats:
+        """One update over ``batches`` (this rank's micro-batches; ``None`` = nothing left).
+
+        ``flags`` are small numbers only rank 0 sets (e.g. "save now", "time is up"); they are
+        summed across ranks with the statistics, so every rank takes the same decision without
+        an extra collective.
+        """
+        self.wrapped.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # float64 sums: thousands of per-token losses over update_freq micro-batches.
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        ntok = nsent = nsrc = 0
+        for i, batch in enumerate(batches):
+            is_dummy = batch is None
+            b = self._dummy if is_dummy else batch.to(self.device, non_blocking=True)
+            last = i == len(batches) - 1
+            # Accumulate locally; DDP communicates only on the last micro-batch.
+            sync = (self.wrapped.no_sync() if self.dist.enabled and not last
+                    else contextlib.nullcontext())
+            with sync:
+                with self._autocast():
+                    loss, nll = self.wrapped(b.src_tokens, b.prev_output_tokens, b.target,
+                                             b.target_positions)
+                if is_dummy:
+                    loss, nll = loss * 0.0, nll * 0.0
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            loss_sum += loss.detach()
+            nll_sum += nll.detach()
+            ntok += b.ntokens
+            nsent += b.nsentences
+            nsrc += b.src_ntokens
+
+        flags = list(flags) if self.dist.is_main else [0.0] * len(flags)
+        if self.dist.enabled:
+            # One small collective: [loss, nll, ntokens, nsentences, src tokens, *flags].
+            stats = torch.tensor([0.0, 0.0, ntok, nsent, nsrc, *flags], dtype=torch.float64,
+                                 device=self.device)
+            stats[0] = loss_sum.double()
+            stats[1] = nll_sum.double()
+            all_reduce_sum(stats, self.dist)
+            vals = stats.tolist()
+            loss_sum = stats[0]
+            nll_sum = stats[1]
+            ntok, nsent, nsrc = int(vals[2]), int(vals[3]), int(vals[4])
+            flags = vals[5:]
+
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        # Gradients are sums over tokens; make them means over the update's tokens.
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if ntok > 0 and grads:
+            torch._foreach_mul_(grads, 1.0 / ntok)
+        gnorm = (torch.nn.utils.get_total_norm(grads) if grads
+                 else torch.zeros((), device=self.device))
+        if self.clip_norm > 0 and grads:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_norm, gnorm)
+
+        lr = self.schedule.prepare_step()
+        skipped = False
+        if ntok == 0:
+            skipped = True
+        elif self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale_before
+        else:
+            self.optimizer.step()
+        if skipped:
+            self.num_skipped += 1
+        else:
+            self.schedule.advance()
+        return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, nsent, nsrc, lr, skipped, flags)
+
+    @torch.no_grad()
+    def valid_step(self, batch: Batch | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(loss sum, nll sum, ntokens) of one validation batch on this rank."""
+        self.criterion.eval()
+        if batch is None:
+            z = torch.zeros((), device=self.device)
+            return z, z, 0
+        b = batch.to(self.device, non_blocking=True)
+        with self._autocast():
+            loss, nll = self.criterion(b.src_tokens, b.prev_output_tokens, b.target,
+                                       b.target_positions)
+        return loss.float(), nll.float(), b.ntokens
+
+    # --- state for checkpoints ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": self.schedule.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
+# --- random number generators ---------------------------------------------------------------------
+
+def get_rng_state() -> dict[str, Any]:
+    """Every RNG training touches, as tensors and plain python values (weights_only safe)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def format_stat(x: float) -> str:
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}"

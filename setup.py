@@ -1,0 +1,45 @@
+"""Installs the nmt package and its four console scripts."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+version = {}
+exec((ROOT / "nmt" / "version.py").read_text(), version)
+
+setup(
+    name="nmt",
+    version=version["__version__"],
+    description="Neural machine translation with the Transformer of 'Attention Is All You Need'",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["nmt", "nmt.*"]),
+    package_data={"nmt": ["resources/*", "resources/**/*"]},
+    include_package_data=True,
+    install_requires=[
+        # torch==2.13.0 is a CPU build on local disk here; an open range could pull a multi-GB
+        # CUDA build. Users with GPUs install their own torch>=2.2 first; pip then keeps it.
+        "torch>=2.2,<2.14",
+        "sentencepiece>=0.2,<0.3",
+        "tokenizers>=0.19,<0.24",
+        "sacrebleu>=2.4,<2.7",
+        "sacremoses>=0.1,<0.3",
+        "click>=8.1,<9",
+        "rich>=13,<16",
+        "numpy>=1.24,<3",
+    ],
+    extras_require={
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8"],
+        "plot": ["matplotlib>=3.7,<4"],
+    },
+    entry_points={
+        "console_scripts": [
+            "nmt-preprocess=nmt.cli.preprocess:main",
+            "nmt-train=nmt.cli.train:main",
+            "nmt-generate=nmt.cli.generate:main",
+            "nmt-score=nmt.cli.score:main",
+        ]
+    },
+)

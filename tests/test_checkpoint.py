@@ -1,0 +1,121 @@
+import os
+import pickle
+
+import pytest
+import torch
+
+import nmt
+from nmt.errors import NmtError
+from nmt.training.average import average_checkpoints
+from nmt.training.checkpoint import (FORMAT_VERSION, load_checkpoint, load_model_from_checkpoint,
+                                     save_checkpoint)
+
+from train_support import FakeData
+
+
+def make_ckpt(seed: int) -> dict:
+    torch.manual_seed(seed)
+    data = FakeData(n_train=4)
+    cfg = nmt.get_arch("transformer_tiny")
+    v = len(data.src_codec.dictionary)
+    model = nmt.build_model(cfg, v, v, share_all_embeddings=True)
+    return {"format_version": FORMAT_VERSION, "nmt_version": nmt.__version__,
+            "model_config": cfg.to_dict(), "share_all_embeddings": True,
+            "src_vocab_size": v, "tgt_vocab_size": v, "src_lang": "xx", "tgt_lang": "yy",
+            "data_dir": "fake", "src_codec": data.src_codec.to_state(),
+            "tgt_codec": data.tgt_codec.to_state(), "model": model.state_dict(),
+            "optimizer": {"state": {}, "param_groups": []}, "progress": {"update": seed}}
+
+
+def test_roundtrip_and_model_rebuild(tmp_path):
+    ck = make_ckpt(1)
+    path = save_checkpoint(ck, tmp_path / "c.pt")
+    model, loaded = load_model_from_checkpoint(path)
+    assert loaded["model_config"] == ck["model_config"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ck["model"][k])
+    assert not model.training
+    # also accepts an already loaded dict (what nmt-generate reuses)
+    model2, _ = load_model_from_checkpoint(load_checkpoint(path))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_average_is_the_mean_of_the_inputs(tmp_path):
+    paths = [save_checkpoint(make_ckpt(s), tmp_path / f"checkpoint_{s}.pt") for s in (1, 2, 3)]
+    avg = average_checkpoints(paths)
+    ins = [load_checkpoint(p)["model"] for p in paths]
+    for k, v in avg["model"].items():
+        expect = (ins[0][k].double() + ins[1][k].double() + ins[2][k].double()) / 3
+        assert torch.allclose(v.double(), expect, rtol=0, atol=1e-7), k
+        assert v.dtype == ins[0][k].dtype
+    assert "optimizer" not in avg and "progress" not in avg
+    out = save_checkpoint(avg, tmp_path / "avg.pt")
+    model, _ = load_model_from_checkpoint(out)   # loadable like any checkpoint
+    assert torch.equal(model.tgt_embed.weight, avg["model"]["tgt_embed.weight"])
+
+
+def test_average_refuses_different_models(tmp_path):
+    a = make_ckpt(1)
+    b = make_ckpt(2)
+    b["model_config"] = {**b["model_config"], "dropout": 0.3}
+    pa = save_checkpoint(a, tmp_path / "a.pt")
+    pb = save_checkpoint(b, tmp_path / "b.pt")
+    with pytest.raises(NmtError, match="configuration differs"):
+        average_checkpoints([pa, pb])
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > " + os.environ.get("EVIL_MARK", "/dev/null"),))
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_crafted_pickle_is_refused(tmp_path, monkeypatch, protocol):
+    mark = tmp_path / "pwned"
+    monkeypatch.setenv("EVIL_MARK", str(mark))
+    raw = tmp_path / "raw.pt"
+    raw.write_bytes(pickle.dumps({"format_version": 1, "x": Evil()}, protocol=protocol))
+    zipped = tmp_path / "zip.pt"
+    torch.save({"format_version": 1, "model": {}, "x": Evil()}, zipped)
+    for p in (raw, zipped):
+        with pytest.raises(NmtError) as e:
+            load_checkpoint(p)
+        assert "\n" not in str(e.value) and str(p) in str(e.value)
+    assert not mark.exists()
+
+
+def test_bad_files(tmp_path):
+    good = save_checkpoint(make_ckpt(1), tmp_path / "good.pt")
+    data = good.read_bytes()
+    cases = {
+        "missing.pt": None,
+        "empty.pt": b"",
+        "truncated.pt": data[: len(data) // 2],
+        "garbage.pt": b"not a checkpoint at all\n" * 10,
+    }
+    for name, content in cases.items():
+        p = tmp_path / name
+        if content is not None:
+            p.write_bytes(content)
+        with pytest.raises(NmtError) as e:
+            load_checkpoint(p)
+        assert "\n" not in str(e.value)
+    future = make_ckpt(1)
+    future["format_version"] = 99
+    torch.save(future, tmp_path / "future.pt")
+    with pytest.raises(NmtError, match="format_version 99"):
+        load_checkpoint(tmp_path / "future.pt")
+    torch.save({"format_version": 1}, tmp_path / "incomplete.pt")
+    with pytest.raises(NmtError, match="missing"):
+        load_checkpoint(tmp_path / "incomplete.pt")
+    with pytest.raises(NmtError, match="directory"):
+        load_checkpoint(tmp_path)
+
+
+def test_weights_that_do_not_fit_the_config(tmp_path):
+    ck = make_ckpt(1)
+    ck["model_config"] = {**ck["model_config"], "d_model": 32}
+    p = save_checkpoint(ck, tmp_path / "c.pt")
+    with pytest.raises(NmtError, match="do not match"):
+        load_model_from_checkpoint(p)

@@ -1,0 +1,330 @@
+"""The example recipes (examples/): dry runs check every command against the real CLIs, tiny
+runs go from the shipped fixture archives to BLEU for real, and the download/verify/resume
+helpers are tested on their own (a local HTTP server, never the network)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+FIXTURES = ROOT / "tests" / "fixtures" / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+from common import fetch, textprep  # noqa: E402
+from common.recipe import Recipe, validate_command  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def run_example(script: str, *args, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, str(EXAMPLES / script), *map(str, args)],
+                       capture_output=True, text=True, env=ENV, timeout=240)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{script} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def commands(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line and not line.startswith("#")]
+
+
+# --- dry runs: the whole chain of commands, each parsed by the real click command -----------
+
+def test_wmt14_en_de_dry_run_base_one_gpu(tmp_path):
+    out = run_example("wmt14_en_de/run.py", "--dry-run", "--work-dir", tmp_path / "w").stdout
+    cmds = commands(out)
+    assert [c.split()[0] for c in cmds] == ["nmt-preprocess", "nmt-train", "nmt-train",
+                                           "nmt-generate", "nmt-score"]
+    pre, train, avg, gen, score = cmds
+    for opt in ("--moses", "--subword bpe", "--joined-dictionary", "--vocab-size 37000",
+                "--max-len 250", "--max-len-ratio 1.5"):
+        assert opt in pre
+    # ~25k tokens per update on 1 GPU: 3125 tokens x update-freq 8.
+    for opt in ("--arch transformer_base", "--max-update 100000", "--max-tokens 3125",
+                "--update-freq 8"):
+        assert opt in train
+    assert "tail -n 5" in avg and "--average" in avg
+    for opt in ("--beam 4", "--lenpen 0.6", "--max-len-a 1", "--max-len-b 50"):
+        assert opt in gen
+    assert "--metric tok-bleu,bleu" in score and "--lang de" in score
+    # Downloads are described, with the published md5 of the test sets.
+    assert "a8cd784e006feb32ac6f3d9ec7eb389a" in out and "europarl-v7" in out
+    assert not (tmp_path / "w").exists(), "a dry run must not write anything"
+
+
+def test_wmt14_big_models_multi_gpu_dry_run(tmp_path):
+    de = commands(run_example("wmt14_en_de/run.py", "--dry-run", "--model", "big", "--gpus", 8,
+                              "--stages", "train,average", "--work-dir", tmp_path).stdout)
+    assert de[0].startswith("torchrun --standalone --nproc_per_node 8 --no-python nmt-train")
+    assert "--arch transformer_big" in de[0] and "--max-update 300000" in de[0]
+    assert "--update-freq 1" in de[0] and "dropout" not in de[0]
+    assert "tail -n 20" in de[1]
+    fr = commands(run_example("wmt14_en_fr/run.py", "--dry-run", "--model", "big", "--gpus", 2,
+                              "--stages", "preprocess,train", "--work-dir", tmp_path).stdout)
+    assert "--subword wordpiece" in fr[0] and "--vocab-size 32000" in fr[0]
+    assert "-o dropout=0.1" in fr[1] and "--update-freq 4" in fr[1]
+
+
+def test_multi30k_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--dry-run", "--work-dir", tmp_path).stdout
+    pre, train, gen, score = commands(out)
+    assert "--vocab-size 8000" in pre and "--joined-dictionary" in pre and "--subword bpe" in pre
+    for opt in ("--arch transformer_small", "--max-tokens 4096", "--max-update 1000",
+                "--warmup 4000", "--threads 2"):
+        assert opt in train
+    assert "OMP_NUM_THREADS=2" in train
+    assert "--beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50" in gen
+    assert "test_2016_flickr" in gen and "--metric bleu" in score
+    assert "raw.githubusercontent.com/multi30k/dataset" in out
+
+
+def test_validate_command_rejects_bad_options():
+    validate_command(["nmt-train", "d", "--max-update", "5", "-o", "dropout=0.1"])
+    with pytest.raises(NmtError, match="no such option --max-updates"):
+        validate_command(["nmt-train", "d", "--max-updates", "5"])
+    with pytest.raises(NmtError, match="--subword"):
+        validate_command(["nmt-preprocess", "-s", "en", "-t", "de", "--subword", "bpe2"])
+    with pytest.raises(NmtError, match="beam"):
+        validate_command(["torchrun", "--no-python", "nmt-generate", "a.pt", "--beam", "four"])
+
+
+# --- tiny runs: everything for real on the fixtures ------------------------------------------
+
+def test_wmt14_en_de_tiny_end_to_end_and_resume(tmp_path):
+    work = tmp_path / "w"
+    p = run_example("wmt14_en_de/run.py", "--tiny", "--jobs", 1, "--work-dir", work)
+    assert "tok-BLEU" in p.stdout and "BLEU|nrefs:1" in p.stdout
+    text = work / "text"
+    # Empty training pair dropped (3 corpora x 20 lines, one with an empty side).
+    assert fetch.count_lines(text / "train.en") == fetch.count_lines(text / "train.de") == 59
+    # Test set: every segment kept; the reference exactly as sacreBLEU extracts it.
+    ref = (text / "test.ref.de").read_text(encoding="utf-8").splitlines()
+    assert len(ref) == 12 and "Leute Reparieren" in ref[4]
+    hyp = work / "results-tiny" / "newstest2014.hyp.de"
+    assert fetch.count_lines(hyp) == 12
+    assert (work / "checkpoints-tiny" / "averaged_last2.pt").is_file()
+    # Second run: every stage is complete and skipped; the scores are printed again.
+    again = run_example("wmt14_en_de/run.py", "--tiny", "--jobs", 1, "--work-dir", work)
+    assert again.stderr.count("already complete, skipping") == 16
+    assert "$ nmt-" not in again.stderr and "tok-BLEU" in again.stdout
+    # A changed input redoes the step that reads it; its failure is one line, no traceback.
+    with open(text / "test.ref.de", "a", encoding="utf-8") as f:
+        f.write("one line too many\n")
+    third = run_example("wmt14_en_de/run.py", "--tiny", "--jobs", 1, "--work-dir", work,
+                        "--stages", "score", check=False)
+    assert "$ nmt-score" in third.stderr and "Traceback" not in third.stderr
+    assert third.returncode == 1 and "command failed with exit code" in third.stderr
+
+
+def test_wmt14_en_fr_tiny_data_and_preprocess(tmp_path):
+    # giga-fren's .gz members inside a .tar, the UN corpus, wordpiece: up to binarization.
+    run_example("wmt14_en_fr/run.py", "--tiny", "--jobs", 1, "--work-dir", tmp_path,
+                "--stages", "data,preprocess")
+    assert fetch.count_lines(tmp_path / "text" / "train.fr") == 100
+    assert (tmp_path / "orig" / "giga-fren.release2.fixed.en").read_text().count("\n") == 20
+    assert (tmp_path / "data-bin" / "meta.json").is_file()
+
+
+@pytest.mark.slow
+def test_wmt14_en_fr_tiny_end_to_end(tmp_path):
+    p = run_example("wmt14_en_fr/run.py", "--tiny", "--jobs", 1, "--work-dir", tmp_path)
+    assert "tok-BLEU" in p.stdout
+
+
+def test_multi30k_tiny_end_to_end(tmp_path):
+    p = run_example("multi30k/run.py", "--tiny", "--work-dir", tmp_path)
+    assert "BLEU|nrefs:1" in p.stdout
+    assert fetch.count_lines(tmp_path / "results-tiny" / "test_2016_flickr.hyp.de") == 15
+
+
+def test_multi30k_rejects_a_copy_that_is_not_the_release(tmp_path):
+    # The fixtures are excerpts: line counts and sha256 differ from the real files.
+    p = run_example("multi30k/run.py", FIXTURES / "multi30k", "--work-dir", tmp_path,
+                    "--stages", "data", check=False)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "train.en: 150 lines" in p.stderr and "expected 29000" in p.stderr
+
+
+def test_wmt14_missing_local_archive_is_one_line_error(tmp_path):
+    p = run_example("wmt14_en_de/run.py", "--data-dir", tmp_path, "--work-dir", tmp_path / "w",
+                    "--stages", "data", check=False)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "training-parallel-europarl-v7.tgz not found in" in p.stderr
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _tiny_tgz(tmp_path: Path) -> Path:
+    arch = tmp_path / "training-parallel-nc-v12.tgz"
+    with tarfile.open(arch, "w:gz") as tar:
+        tar.add(FIXTURES / "wmt14" / arch.name / "training", arcname="training")
+    return arch
+
+
+def test_extract_detects_truncated_archive_and_missing_members(tmp_path):
+    arch = _tiny_tgz(tmp_path)
+    names = ["news-commentary-v12.de-en.en", "news-commentary-v12.de-en.de"]
+    files = fetch.extract_members(arch, names, tmp_path / "out")
+    counts = fetch.check_line_counts(files, parallel=[tuple(names)])
+    assert counts == {names[0]: 20, names[1]: 20}
+    with pytest.raises(NmtError, match="not in the archive: nope"):
+        fetch.extract_members(arch, ["nope"], tmp_path / "out2")
+    data = arch.read_bytes()
+    arch.write_bytes(data[: len(data) - 40])     # cut the gzip trailer (CRC) and some data
+    with pytest.raises(NmtError, match="corrupt or truncated"):
+        fetch.extract_members(arch, names, tmp_path / "out3")
+
+
+def test_line_count_checks(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("1\n2\n3\n")
+    b.write_text("1\n2\n3")                      # no final newline still counts
+    assert fetch.check_line_counts({"a": a, "b": b}, {"a": 3}, [("a", "b")]) == {"a": 3, "b": 3}
+    b.write_text("1\n2\n")
+    with pytest.raises(NmtError, match="parallel files do not match"):
+        fetch.check_line_counts({"a": a, "b": b}, parallel=[("a", "b")])
+    with pytest.raises(NmtError, match="expected 4"):
+        fetch.check_line_counts({"a": a}, {"a": 4})
+
+
+def test_sgm_segments_match_sacrebleu_extraction():
+    path = FIXTURES / "wmt14" / "test-full.tgz" / "test-full" / "newstest2014-deen-src.en.sgm"
+    segs = fetch.sgm_segments(path)
+    assert len(segs) == 12
+    assert all(s == " ".join(s.split()) for s in segs)   # whitespace collapsed and stripped
+    import re
+    raw = [line for line in path.read_text(encoding="utf-8").splitlines()
+           if line.startswith("<seg ")]
+    # sacrebleu's FakeSGMLDataset: regex substitution then whitespace clean-up.
+    want = [re.sub(r"\s+", " ", re.sub(r"<seg.*?>(.*)</seg>.*?", "\\1", x).strip()) for x in raw]
+    assert segs == want
+
+
+def test_clean_line_normalises_and_drops_control_characters():
+    assert textprep.clean_line("„Hallo“  Welt\u200b !", "de") == '"Hallo" Welt !'
+    assert textprep.remove_non_printing("a\x07b") == "a b"
+
+
+class _RangeHandler(http.server.BaseHTTPRequestHandler):
+    payload = b""
+    cut_first = False      # first response stops early (a dropped connection)
+    calls: list = []
+
+    def do_GET(self):  # noqa: N802
+        rng = self.headers.get("Range")
+        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+        type(self).calls.append(start)
+        body = self.payload[start:]
+        self.send_response(206 if rng else 200)
+        if rng:
+            self.send_header("Content-Range", f"bytes {start}-{len(self.payload) - 1}/"
+                                              f"{len(self.payload)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if type(self).cut_first and len(type(self).calls) == 1:
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_download_resumes_after_a_dropped_connection(tmp_path, monkeypatch):
+    payload = os.urandom(300_000)
+    _RangeHandler.payload, _RangeHandler.cut_first, _RangeHandler.calls = payload, True, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(fetch.time, "sleep", lambda s: None)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/f.tgz"
+        dest = tmp_path / "f.tgz"
+        fetch.download(url, dest, retries=3, timeout=10)
+        assert dest.read_bytes() == payload and not (tmp_path / "f.tgz.part").exists()
+        assert _RangeHandler.calls[0] == 0 and _RangeHandler.calls[1] > 0   # resumed, not redone
+        # obtain(): md5 checked; a wrong one deletes the download and says so.
+        import hashlib
+        fetch.obtain(url, dest, None, {"md5": hashlib.md5(payload).hexdigest()})
+        with pytest.raises(NmtError, match="md5 of the download"):
+            fetch.obtain(url, dest, None, {"md5": "0" * 32})
+        assert not dest.exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_recipe_markers_redo_on_changed_outputs_or_params(tmp_path):
+    runs = []
+
+    def make(out: Path):
+        def act():
+            runs.append(out.name)
+            out.write_text("x")
+        return act
+
+    r = Recipe(tmp_path)
+    out = tmp_path / "o.txt"
+    assert r.step("s", [out], make(out), params={"a": 1}, python=True)
+    assert not r.step("s", [out], make(out), params={"a": 1}, python=True)
+    out.write_text("longer")                      # changed output -> redo
+    assert r.step("s", [out], make(out), params={"a": 1}, python=True)
+    assert r.step("s", [out], make(out), params={"a": 2}, python=True)   # changed params
+    assert runs == ["o.txt"] * 3
+    with pytest.raises(NmtError, match="did not produce"):
+        r.step("t", [tmp_path / "never"], lambda: None, python=True)
+    assert not r.marker("t").exists()
+
+
+# --- parsing_wsj/run.sh (bash) -------------------------------------------------------------
+
+def test_parsing_run_sh_dry_run_commands_are_valid(tmp_path):
+    import shlex
+    p = subprocess.run(["bash", str(EXAMPLES / "parsing_wsj" / "run.sh"), "--dry-run", "--gpus",
+                        "2", "/data/treebank_3/parsed/mrg/wsj", str(tmp_path / "w")],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cmds = commands(p.stdout)
+    assert len(cmds) == 6 and not (tmp_path / "w").exists()
+    assert "--split train=0200-2199 --split valid=2200-2299 --split test=2300-2399" in cmds[0]
+    assert "--subword none --vocab-size 16000" in cmds[1]
+    assert cmds[2].startswith("torchrun --standalone --nproc_per_node 2")
+    assert "--arch transformer_parse" in cmds[2] and "--update-freq 4" in cmds[2]
+    assert "--beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300" in cmds[3]
+    assert "--metric bracket-f1" in cmds[5]
+    for c in cmds:
+        words = shlex.split(c.split(" > ")[0])
+        validate_command(words)        # options and values accepted by the real CLIs
+
+
+def test_parsing_run_sh_tiny_end_to_end(tmp_path):
+    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
+    p = subprocess.run(["bash", script, "--tiny", str(FIXTURES.parent / "parsing" / "mini"),
+                        str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert "bracket-F1" in p.stdout
+    assert fetch.count_lines(tmp_path / "results" / "test.trees") == 5
+    again = subprocess.run(["bash", script, "--tiny", "", str(tmp_path)], capture_output=True,
+                           text=True, env=ENV, timeout=60)
+    assert again.returncode == 0 and again.stderr.count("already complete, skipping") == 6
+
+
+def test_parsing_run_sh_needs_a_treebank(tmp_path):
+    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
+    p = subprocess.run(["bash", script], capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 2 and "Penn Treebank" in p.stderr
+    p = subprocess.run(["bash", script, str(tmp_path / "nope")], capture_output=True, text=True,
+                       env=ENV, timeout=60)
+    assert p.returncode == 1 and "no such file or folder" in p.stderr

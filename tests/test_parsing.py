@@ -1,0 +1,216 @@
+"""Treebank reading, linearization, de-linearization with repair, and the prepare script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nmt.errors import NmtError
+from nmt.tasks.parsing import (SplitSpec, delinearize, linearize, prepare_treebank,
+                               right_branching)
+from nmt.tasks.trees import (Tree, clean_label, read_treebank_file, read_trees_text, to_string,
+                             with_root)
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "tests" / "fixtures" / "parsing" / "mini"
+
+
+def tree(text: str) -> Tree:
+    (t,) = read_trees_text(text)
+    return t
+
+
+def test_reader_normalizes_treebank_file():
+    trees = read_treebank_file(MINI / "wsj_0001.mrg")
+    assert len(trees) == 2
+    # Outer empty bracket gone, NP-SBJ-1 -> NP, NP-TMP -> NP.
+    assert to_string(trees[0]) == (
+        "(S (NP (NP (NNP Alice) (NNP Smith)) (, ,) (NP (CD 30) (NNS years) (JJ old)) (, ,)) "
+        "(VP (MD will) (VP (VB chair) (NP (DT the) (NN panel)) (NP (NNP May) (CD 5)))) (. .))")
+    # -NONE- removed, with the NP-SBJ, S and SBAR it left empty; NP-SBJ=2 -> NP; ADVP-MNR -> ADVP.
+    assert to_string(trees[1]) == (
+        "(S (VP (VBD Asked)) (: --) (NP (PRP she)) (VP (VBD smiled) (ADVP (RB warmly))) (. .))")
+
+
+def test_reader_keeps_special_labels_and_raw_mode():
+    (t1, t2) = read_treebank_file(MINI / "wsj_0002.mrg")
+    assert t2.tags()[:3] == ["-LRB-", "NN", "-RRB-"]
+    assert t2.words()[-2:] == ["x-y", "''"]
+    raw = read_treebank_file(MINI / "wsj_0001.mrg", normalized=False)
+    assert "(NP-SBJ (-NONE- *-1))" in to_string(raw[1])
+
+
+@pytest.mark.parametrize("label,expected", [
+    ("NP-SBJ-1", "NP"), ("NP=2", "NP"), ("PP-TMP=3", "PP"), ("ADVP-PRD-LOC=3", "ADVP"),
+    ("-NONE-", "-NONE-"), ("-LRB-", "-LRB-"), ("S", "S"), ("PRT|ADVP", "PRT|ADVP")])
+def test_clean_label(label, expected):
+    assert clean_label(label) == expected
+
+
+@pytest.mark.parametrize("text", ["(S (NP (DT a)", "(S (NP (DT a))))", "word (S (NN a))",
+                                  "(S (NN a b))"])
+def test_reader_rejects_malformed(text):
+    with pytest.raises(NmtError):
+        read_trees_text(text)
+
+
+def test_linearize_paper_example():
+    t = tree("(TOP (S (NP (NNP John) (VBZ has)) (VP (VBZ has) (NP (DT a))) (. .)))")
+    assert " ".join(linearize(t)) == "(S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S"
+
+
+def test_round_trip_on_fixture_trees():
+    for f in sorted(MINI.glob("*.mrg")):
+        for t in read_treebank_file(f):
+            back = delinearize(linearize(t), t.words(), t.tags())
+            assert to_string(back) == to_string(with_root(t))
+            # Without tags the structure is the same, every tag XX.
+            plain = delinearize(linearize(t), t.words())
+            assert set(plain.tags()) == {"XX"}
+            assert linearize(plain) == linearize(t)
+
+
+LABELS = st.sampled_from(["S", "NP", "VP", "PP", "SBAR", "ADJP"])
+
+
+@st.composite
+def trees(draw, depth=0):
+    """Random normalized trees: phrases over preterminals, unary chains allowed."""
+    n = draw(st.integers(1, 3 if depth < 3 else 1))
+    kids = []
+    for _ in range(n):
+        if depth >= 3 or draw(st.booleans()):
+            kids.append(Tree(draw(st.sampled_from(["NN", "DT", ",", "."])), ["w"]))
+        else:
+            kids.append(draw(trees(depth=depth + 1)))
+    return Tree(draw(LABELS), kids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees())
+def test_round_trip_property(t):
+    words = [f"w{i}" for i in range(len(t.words()))]
+    # Give each leaf its own word so that order mistakes would show.
+    it = iter(words)
+    stack = [t]
+    while stack:
+        node = stack.pop()
+        if node.is_preterminal:
+            node.children = [next(it)]
+        else:
+            stack.extend(reversed(node.children))
+    back = delinearize(linearize(t), t.words(), t.tags())
+    assert to_string(back) == to_string(with_root(t))
+
+
+WORDS = ["The", "dog", "barks", "."]
+
+
+def repaired(seq: str, words=WORDS):
+    stats: Counter = Counter()
+    t = delinearize(seq, words, stats=stats)
+    assert t.words() == list(words)        # every word, in order, exactly once
+    return to_string(t), stats
+
+
+def test_repair_missing_close_brackets():
+    s, stats = repaired("(S (NP XX XX (VP XX XX")
+    assert s == "(TOP (S (NP (XX The) (XX dog) (VP (XX barks) (XX .)))))"
+    assert stats["missing_close"] == 3
+
+
+def test_repair_too_many_close_brackets():
+    s, stats = repaired("(S (NP XX XX )NP )S )S (VP XX )VP XX )S")
+    assert s == "(TOP (S (NP (XX The) (XX dog))) (VP (XX barks)) (XX .))"
+    assert stats["extra_close"] == 2
+
+
+def test_repair_too_many_xx():
+    s, stats = repaired("(S (NP XX XX XX )NP (VP XX XX XX )VP )S")
+    assert s == "(TOP (S (NP (XX The) (XX dog) (XX barks)) (VP (XX .))))"
+    assert stats["extra_xx"] == 2
+
+
+def test_repair_too_few_xx_appends_to_top_constituent():
+    s, stats = repaired("(S (NP XX )NP )S")
+    assert s == "(TOP (S (NP (XX The)) (XX dog) (XX barks) (XX .)))"
+    assert stats["missing_xx"] == 3
+    s, _ = repaired("(NP XX )NP (VP XX )VP")  # several top constituents: words go under TOP
+    assert s == "(TOP (NP (XX The)) (VP (XX dog)) (XX barks) (XX .))"
+
+
+def test_repair_label_mismatch_empty_constituents_and_junk():
+    s, stats = repaired("(S (NP XX XX )VP (ADJP )ADJP <unk> (VP XX )VP XX )S")
+    assert s == "(TOP (S (NP (XX The) (XX dog)) (VP (XX barks)) (XX .)))"
+    assert stats["label_mismatch"] == 1 and stats["empty_constituent"] == 1
+    assert stats["junk_token"] == 1
+
+
+def test_repair_empty_output_and_tags():
+    s, _ = repaired("")
+    assert s == "(TOP (XX The) (XX dog) (XX barks) (XX .))"
+    t = delinearize("(S XX XX XX XX )S", WORDS, ["DT", "NN", "VBZ", "."])
+    assert to_string(t) == "(TOP (S (DT The) (NN dog) (VBZ barks) (. .)))"
+    assert to_string(delinearize("(S )S", [])) == "(TOP)"
+
+
+def test_words_with_brackets_are_escaped():
+    t = delinearize("(NP XX XX )NP", ["(", "x"])
+    assert to_string(t) == "(TOP (NP (XX -LRB-) (XX x)))"
+
+
+def test_right_branching():
+    t = right_branching(["a", "b", "c"], ["DT", "NN", "."])
+    assert to_string(t) == "(TOP (S (DT a) (S (NN b) (. c))))"
+    assert to_string(right_branching(["a"])) == "(TOP (S (XX a)))"
+
+
+def test_prepare_treebank(tmp_path):
+    summary = prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=1-2"),
+                                                  SplitSpec.parse("test=0003-0003")])
+    assert summary["train"]["sentences"] == 4 and summary["test"]["sentences"] == 1
+    for split in ("train", "test"):
+        files = [(tmp_path / f"{split}.{s}").read_text().splitlines()
+                 for s in ("words", "lin", "gold", "tags")]
+        assert len({len(f) for f in files}) == 1
+        for words, lin, gold, tags in zip(*files):
+            assert len(words.split()) == len(tags.split()) == lin.split().count("XX")
+            back = delinearize(lin, words.split(), tags.split())
+            assert to_string(back) == gold
+    assert (tmp_path / "test.words").read_text() == "Prices rose up 5 % .\n"
+
+
+def test_prepare_errors(tmp_path):
+    with pytest.raises(NmtError, match="no .mrg file numbered"):
+        prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=50-60")])
+    with pytest.raises(NmtError, match="no such file"):
+        prepare_treebank([tmp_path / "missing"], tmp_path, [SplitSpec.parse("train=1-2")])
+    with pytest.raises(NmtError):
+        SplitSpec.parse("train:1-2")
+
+
+def test_prepare_and_delinearize_scripts(tmp_path):
+    script = ROOT / "examples" / "parsing_wsj"
+    r = subprocess.run([sys.executable, script / "prepare.py", MINI, tmp_path,
+                        "--split", "train=1-2", "--split", "test=3-3"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "test.rb").read_text().startswith("(TOP (S (NNS Prices) (S (VBD rose)")
+    gen = tmp_path / "gen.lin"
+    gen.write_text("(S (NP XX )NP (VP XX XX (NP XX XX )NP )VP XX )S\n")
+    r = subprocess.run([sys.executable, script / "delinearize.py", tmp_path / "test.words", gen,
+                        "--tags", tmp_path / "test.tags"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("(TOP (S (NP (NNS Prices)) (VP (VBD rose) (RP up) (NP (CD 5) (NN %))) "
+                        "(. .)))\n")
+    gen.write_text("(S XX )S\n(S XX )S\n")
+    r = subprocess.run([sys.executable, script / "delinearize.py", tmp_path / "test.words", gen],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "has 2 lines but" in r.stderr

@@ -1,0 +1,174 @@
+"""nmt-score: equality with sacreBLEU's command line, the paper's tokenized BLEU, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nmt.cli.score import main
+from nmt.metrics.tok_bleu import multi_bleu, prepare, split_compounds, tok_bleu
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "parsing"
+VOCAB = ("the a cat dog sat on mat . , ! ? well-known x-y-z State-of-the-art 1,000 $5 "
+         "Über naïve \"quoted\" it's (paren) 3.14 U.S. e-mail").split()
+
+
+def make_corpus(tmp_path: Path, n: int = 40, nrefs: int = 2, seed: int = 0):
+    rng = random.Random(seed)
+
+    def sent(k):
+        return " ".join(rng.choice(VOCAB) for _ in range(k))
+
+    refs = [[sent(rng.randint(3, 15)) for _ in range(n)] for _ in range(nrefs)]
+    # Hypotheses share words with the first reference so that scores are not all zero.
+    hyps = [" ".join(w for w in r.split() if rng.random() < 0.8) + " " + sent(rng.randint(0, 2))
+            for r in refs[0]]
+    hyps[3] = hyps[3] + "   "                      # trailing spaces: sacreBLEU strips them
+    paths = []
+    for k, r in enumerate(refs):
+        p = tmp_path / f"ref{k}.txt"
+        p.write_text("".join(x + "\n" for x in r), encoding="utf-8")
+        paths.append(p)
+    h = tmp_path / "hyp.txt"
+    h.write_text("".join(x + "\n" for x in hyps), encoding="utf-8")
+    return h, paths
+
+
+def sacrebleu_cli(*args) -> str:
+    r = subprocess.run([sys.executable, "-m", "sacrebleu", *map(str, args)],
+                       capture_output=True, text=True, check=True)
+    return r.stdout
+
+
+def run(args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+@pytest.mark.parametrize("opts", [[], ["--tokenize", "intl", "--lowercase"]])
+def test_equals_sacrebleu_cli(tmp_path, opts):
+    hyp, refs = make_corpus(tmp_path)
+    for nref in (1, 2):
+        ours = run(["--hyp", hyp, *sum([["--ref", r] for r in refs[:nref]], []),
+                    "--metric", "bleu,chrf", "--metric", "ter", *opts])
+        assert ours.exit_code == 0, ours.output
+        theirs = {}
+        for m in ("bleu", "chrf", "ter"):
+            extra = opts if m == "bleu" else []
+            theirs[m] = sacrebleu_cli(*refs[:nref], "-i", hyp, "-m", m, "-f", "text",
+                                      *extra).strip()
+        assert ours.stdout.splitlines() == [theirs["bleu"], theirs["chrf"], theirs["ter"]]
+
+
+def test_json_and_sentence_level_equal_sacrebleu(tmp_path):
+    hyp, refs = make_corpus(tmp_path, seed=1)
+    ours = json.loads(run(["-i", hyp, "-r", refs[0], "-m", "bleu,chrf", "--json"]).stdout)
+    theirs = json.loads(sacrebleu_cli(refs[0], "-i", hyp, "-m", "bleu", "chrf"))
+    for o, t in zip(ours, theirs):
+        assert (o["name"], o["score"], o["signature"]) == (t["name"], t["score"], t["signature"])
+        assert round(o["score_exact"], 1) == t["score"]
+    for m in ("bleu", "chrf", "ter"):
+        ours = run(["-i", hyp, "-r", refs[0], "-m", m, "--sentence", "-w", "3"])
+        assert ours.exit_code == 0
+        theirs = sacrebleu_cli(refs[0], "-i", hyp, "-m", m, "-sl", "-b", "-w", "3")
+        assert ours.stdout.splitlines() == theirs.splitlines()
+
+
+def test_stdin_and_several_metrics_sentence_json(tmp_path):
+    hyp, refs = make_corpus(tmp_path, n=5, nrefs=1)
+    r = run(["-r", refs[0], "-m", "bleu,tok-bleu", "--sentence", "--json"], input=hyp.read_text())
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(rows) == 5 and set(rows[0]) == {"bleu", "tok-bleu"}
+
+
+def test_compound_split_is_sed_like():
+    # sed's g flag does not rescan consumed text: the 'b' of 'a-b' cannot start another match.
+    assert split_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+    assert split_compounds("state-of-the-art") == \
+        "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art"
+    assert split_compounds("- x- -y 1-2") == "- x- -y 1 ##AT##-##AT## 2"
+
+
+def test_tok_bleu_hand_checked():
+    hyp = ["Das ist ein gut-gemachtes Haus."]
+    ref = ["Das ist ein gut-gemachtes, großes Haus."]
+    # Moses (de) + compound split:
+    assert prepare(hyp[0], "de") == "Das ist ein gut ##AT##-##AT## gemachtes Haus ."
+    assert prepare(ref[0], "de") == "Das ist ein gut ##AT##-##AT## gemachtes , großes Haus ."
+    # hyp 8 tokens, ref 10. Matching n-grams: 1-grams 8/8; 2-grams 6/7 (all but 'gemachtes
+    # Haus'); 3-grams 4/6 (not '##AT##-##AT## gemachtes Haus', 'gemachtes Haus .'); 4-grams 3/5.
+    # BP = exp(1 - 10/8).
+    r = tok_bleu(hyp, [ref], lang="de")
+    assert (r.correct, r.total, r.hyp_len, r.ref_len) == ([8, 6, 4, 3], [8, 7, 6, 5], 8, 10)
+    expected = math.exp(1 - 10 / 8) * (1 * 6 / 7 * 4 / 6 * 3 / 5) ** 0.25 * 100
+    assert r.score == pytest.approx(expected)
+    assert f"{r.score:.2f}" == "59.59"          # what multi-bleu.perl prints for these tokens
+    assert r.format() == (f"{expected:.2f}, 100.0/85.7/66.7/60.0 "
+                          f"(BP=0.779, ratio=0.800, hyp_len=8, ref_len=10)")
+
+
+def test_multi_bleu_rules():
+    # Closest reference length (the shorter one on ties), clipping by the max count over refs.
+    r = multi_bleu(["a a a b"], [["a b c"], ["a a x y z"]])
+    assert r.ref_len == 3 and r.correct[0] == 3          # 'a' clipped at 2, plus 'b'
+    # A zero precision gives 0 without smoothing; empty hypotheses give 0.
+    assert multi_bleu(["a b c"], [["a b d e"]]).score == 0.0
+    assert multi_bleu([""], [["a"]]).score == 0.0
+
+
+def test_tok_bleu_cli(tmp_path):
+    (tmp_path / "h").write_text("Das ist ein gut-gemachtes Haus.\n", encoding="utf-8")
+    (tmp_path / "r").write_text("Das ist ein gut-gemachtes, großes Haus.\n", encoding="utf-8")
+    r = run(["-i", tmp_path / "h", "-r", tmp_path / "r", "-m", "tok-bleu", "--lang", "de"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("tok-BLEU|tok:moses-de|split:compound|")
+    assert "(BP=0.779, ratio=0.800, hyp_len=8, ref_len=10)" in r.stdout
+
+
+def test_bracket_f1_cli(tmp_path):
+    gold, test = FIX / "evalb_cases.gold", FIX / "evalb_cases.test"
+    r = run(["-i", test, "-r", gold, "-m", "bracket-f1", "--json", "--no-retag"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["score"] == 61.36 and d["len<=40"]["f1"] == pytest.approx(91.3793, abs=1e-4)
+    r = run(["-i", test, "-r", gold, "-m", "bracket-f1", "--evalb-report", "--no-retag"])
+    assert r.stdout == (FIX / "evalb_cases.collins.out").read_text()
+
+
+def cli(*args, input=None):
+    return subprocess.run(["nmt-score", *map(str, args)], capture_output=True, input=input)
+
+
+def test_bad_input(tmp_path):
+    good = tmp_path / "good"
+    good.write_text("a b c\nd e f\n")
+    short = tmp_path / "short"
+    short.write_text("a b c\n")
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"ok\n\xff\xfe\n")
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    cases = [
+        (["-r", good, "-i", short], "has 1 lines but"),
+        (["-r", good, "-i", tmp_path / "missing"], "no such file"),
+        (["-r", bad, "-i", good], "line 2: invalid UTF-8"),
+        (["-r", good, "-i", empty], "empty hypothesis file"),
+        (["-r", empty, "-i", good], "empty reference file"),
+        (["-r", good, "-i", good, "-m", "bleu,blue"], "did you mean 'bleu'"),
+        (["-r", good, "-r", good, "-i", good, "-m", "bracket-f1"], "exactly one reference"),
+        (["-r", good, "-i", good, "-m", "bracket-f1"], "unreadable tree"),
+    ]
+    for args, msg in cases:
+        r = cli(*args)
+        err = r.stderr.decode()
+        assert r.returncode != 0, args
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    r = cli("-r", good, input=b"a b c\n")          # stdin with too few lines
+    assert r.returncode == 1 and b"<stdin> has 1 lines but" in r.stderr

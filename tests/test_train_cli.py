@@ -1,0 +1,108 @@
+"""nmt-train as a user runs it: a real data directory, one line on stdout, one-line errors."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from click.testing import CliRunner
+
+from nmt.cli.train import main as train_main
+from nmt.training.checkpoint import load_checkpoint, load_model_from_checkpoint
+
+
+def run(args, stdin=None, cwd=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, input=stdin, capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train_cli")
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(20)]
+    for split, n in (("train", 60), ("valid", 8)):
+        src = [" ".join(rng.choice(words, size=rng.integers(2, 8))) for _ in range(n)]
+        (tmp / f"{split}.xx").write_text("\n".join(src) + "\n")
+        (tmp / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    r = run(["nmt-preprocess", "-s", "xx", "-t", "yy", "--trainpref", str(tmp / "train"),
+             "--validpref", str(tmp / "valid"), "--destdir", str(tmp / "bin"),
+             "--subword", "none", "--joined-dictionary"])
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_pipeline_stdin_to_one_stdout_line(data_dir, tmp_path):
+    save = tmp_path / "ckpt"
+    r = run(["nmt-train", "--arch", "transformer_tiny", "-o", "dropout=0.2", "--max-tokens", "100",
+             "--max-update", "6", "--save-dir", str(save), "--save-interval-updates", "2",
+             "--average-last", "2", "--log-interval", "2", "--warmup", "4", "--threads", "1",
+             "--valid-bleu"], stdin=data_dir + "\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("checkpoint_avg2.pt")
+    model, ck = load_model_from_checkpoint(lines[0])
+    assert ck["model_config"]["dropout"] == 0.2
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "train_log.jsonl", "checkpoint_6.pt"):
+        assert (save / name).exists(), name
+    assert "update 6" in r.stderr
+    last = load_checkpoint(save / "checkpoint_last.pt")
+    assert last["train_config"]["max_tokens"] == 100 and last["data_dir"] == data_dir
+
+
+def cli(args):
+    """In-process run (no interpreter start-up): exit code, stdout, stderr."""
+    r = CliRunner().invoke(train_main, args, catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_average_mode(data_dir, tmp_path):
+    save = tmp_path / "ckpt"
+    code, _, err = cli([data_dir, "--arch", "transformer_tiny", "--max-tokens", "100",
+             "--max-update", "4", "--save-dir", str(save), "--save-interval-updates", "2"])
+    assert code == 0, err
+    out = tmp_path / "avg.pt"
+    code, stdout, err = cli(["--average", str(save / "checkpoint_2.pt"),
+                             str(save / "checkpoint_4.pt"), "--output", str(out)])
+    assert code == 0, err
+    assert stdout.splitlines() == [str(out.resolve())]
+    a, b = (load_checkpoint(save / f"checkpoint_{u}.pt")["model"] for u in (2, 4))
+    avg = load_checkpoint(out)["model"]
+    k = "tgt_embed.weight"
+    assert np.allclose(avg[k].numpy(), ((a[k].double() + b[k].double()) / 2).numpy(), atol=1e-7)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["/nonexistent/data"], "no such data directory"),
+    (["DATA", "--arch", "transformer_huge"], "unknown architecture 'transformer_huge'"),
+    (["DATA", "-o", "dropuot=0.3"], "unknown override key 'dropuot'"),
+    (["DATA", "-o", "dropout=lots"], "expected float"),
+    (["DATA"], "stopping criterion"),
+    (["DATA", "--max-update", "1", "--precision", "fp16", "--device", "cpu"], "needs a CUDA"),
+    (["DATA", "--max-update", "1", "--max-time", "soon"], "--max-time"),
+    (["--average", "/nonexistent.pt", "--output", "x.pt"], "no such checkpoint"),
+])
+def test_bad_input_gives_one_line_error(data_dir, tmp_path, args, needle):
+    args = [data_dir if a == "DATA" else a for a in args]
+    code, stdout, stderr = cli(["--save-dir", str(tmp_path / "s"), *args])
+    assert code != 0
+    err = stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nmt-train: error:"), stderr
+    assert needle in err[0], err[0]
+    assert stdout == ""
+
+
+def test_bad_input_through_the_console_script(tmp_path):
+    r = run(["nmt-train", str(tmp_path / "missing"), "--max-update", "1"])
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        f"nmt-train: error: {tmp_path / 'missing'}: no such data directory"]
+
+
+def test_list_archs_prints_a_table_on_stdout():
+    code, stdout, err = cli(["--list-archs", "--vocab-size", "8000"])
+    assert code == 0, err
+    assert "transformer_big" in stdout and "transformer_tiny" in stdout
+    assert "8000" in stdout

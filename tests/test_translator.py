@@ -1,0 +1,174 @@
+"""nmt.Translator: order, empty lines, batch-size invariance, truncation, ensembles, options."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import nmt
+from nmt.data.codec import whitespace_codec
+from nmt.data.dictionary import Dictionary
+from nmt.errors import NmtError, UsageError
+from nmt.search.translator import Translator
+from nmt.training.checkpoint import FORMAT_VERSION, save_checkpoint
+
+WORDS = [f"w{i}" for i in range(30)]
+EOS = 2
+
+
+def make_model(vocab, seed=0, **overrides):
+    torch.manual_seed(seed)
+    cfg = nmt.get_arch("transformer_tiny", {"dropout": 0.0, "max_len_b": 8, **overrides})
+    model = nmt.build_model(cfg, vocab, vocab).eval()
+    with torch.no_grad():               # eos a little likelier: some outputs end early
+        model.tgt_embed.weight[EOS] *= 1.2
+    return model, cfg
+
+
+def make_checkpoint(path, seed=0, words=WORDS, data_dir="", codec=None, **overrides):
+    """A tiny untrained checkpoint in the real format (whitespace codec over ``words``)."""
+    codec = codec or whitespace_codec(Dictionary(words))
+    model, cfg = make_model(len(codec.dictionary), seed, **overrides)
+    save_checkpoint({"format_version": FORMAT_VERSION, "nmt_version": nmt.__version__,
+                     "model_config": cfg.to_dict(), "share_all_embeddings": True,
+                     "src_vocab_size": len(codec.dictionary),
+                     "tgt_vocab_size": len(codec.dictionary),
+                     "src_lang": "xx", "tgt_lang": "yy", "data_dir": data_dir,
+                     "src_codec": codec.to_state(), "tgt_codec": codec.to_state(),
+                     "model": model.state_dict()}, path)
+    return path
+
+
+def mixed_lines(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n):
+        if i % 9 == 3:
+            lines.append("" if i % 2 else "   ")            # empty and blank lines
+        else:
+            k = int(rng.integers(1, 14))
+            lines.append(" ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS), k)))
+    return lines
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt")
+
+
+def test_order_count_and_empty_lines(ckpt):
+    t = Translator.from_checkpoint(ckpt, batch_size=8)
+    lines = mixed_lines()
+    out = t.translate(lines)
+    assert len(out) == len(lines)
+    for line, hyp in zip(lines, out):
+        if not line.strip():
+            assert hyp == ""
+    assert any(out) and len(set(out)) > 5
+    # each line translated alone gives the same: nothing shifted by sorting and batching
+    for i in (0, 1, 5, 17, 39):
+        assert t.translate([lines[i]]) == [out[i]]
+    assert t.translate([]) == []
+
+
+def test_same_output_for_any_batch_size(ckpt):
+    lines = mixed_lines(70, seed=1)
+    runs = []
+    for kw in ({"batch_size": 1}, {"batch_size": 7}, {"batch_size": 64},
+               {"max_tokens": 25}, {"batch_size": 5, "max_tokens": 40}):
+        res = Translator.from_checkpoint(ckpt, nbest=2, **kw).translate_results(lines)
+        runs.append([[(h.ids, h.score) for h in r.hypotheses] for r in res])
+    ids = [[[h[0] for h in r] for r in run] for run in runs]
+    assert all(x == ids[0] for x in ids[1:])           # the same translations, exactly
+    scores = [[h[1] for r in run for h in r] for run in runs]
+    # scores agree to float rounding (matrix products of other shapes round differently)
+    assert all(x == pytest.approx(scores[0], abs=1e-4) for x in scores[1:])
+
+
+def test_defaults_come_from_the_checkpoint_and_can_be_overridden(ckpt):
+    t = Translator.from_checkpoint(ckpt)
+    s = t.search
+    assert (s.beam, s.lenpen, s.max_len_a, s.max_len_b) == (4, 0.6, 1.0, 8)
+    t = Translator.from_checkpoint(ckpt, beam=2, lenpen=0.0, max_len_a=0.5, max_len_b=3)
+    s = t.search
+    assert (s.beam, s.lenpen, s.max_len_a, s.max_len_b) == (2, 0.0, 0.5, 3)
+    assert all(len(r.hypotheses[0].ids) <= 0.5 * 3 + 3 + 1
+               for r in t.translate_results(["w1 w2 w3"]))
+    assert nmt.Translator is Translator
+
+
+def test_rich_results(ckpt):
+    t = Translator.from_checkpoint(ckpt, nbest=3)
+    res = t.translate_results(["w3 w4 w5", ""])
+    r = res[0]
+    assert len(r.hypotheses) == 3 and r.source == "w3 w4 w5"
+    scores = [h.score for h in r.hypotheses]
+    assert scores == sorted(scores, reverse=True)
+    for h in r.hypotheses:
+        assert h.ids[-1] == EOS and h.tokens[-1] == "</s>"
+        assert len(h.token_scores) == len(h.ids)
+        lp = ((5 + len(h.ids)) / 6) ** 0.6
+        assert h.score == pytest.approx(sum(h.token_scores) / lp, abs=1e-4)
+        assert h.text == " ".join(h.tokens[:-1])
+    j = r.to_json()
+    assert j["translation"] == r.text and len(j["nbest"]) == 3
+    assert res[1].text == "" and res[1].to_json()["score"] is None
+
+
+def test_overlong_source_is_truncated_with_a_warning(tmp_path, caplog):
+    path = make_checkpoint(tmp_path / "learned.pt", positional="learned", max_positions=10)
+    t = Translator.from_checkpoint(path)
+    assert t.max_source_len == 9
+    long_line = " ".join(WORDS[:25])
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        res = t.translate_results(["w1 w2", long_line], first_line=5)
+    assert "line 6" in caplog.text and "truncated" in caplog.text
+    assert res[1].truncated and not res[0].truncated
+    assert len(res[1].hypotheses[0].ids) <= 9 + 1          # the decoder's positions, too
+    # the truncated line translates as its first 9 words do
+    assert res[1].text == t.translate([" ".join(WORDS[:9])])[0]
+    t2 = Translator.from_checkpoint(make_checkpoint(tmp_path / "s.pt"), max_source_len=3)
+    assert t2.max_source_len == 3 and t2.translate_results([long_line])[0].truncated
+
+
+def test_ensemble(tmp_path, ckpt):
+    other = make_checkpoint(tmp_path / "other.pt", seed=3)
+    lines = mixed_lines(12, seed=4)
+    ens = Translator.from_checkpoint([ckpt, other], beam=3)
+    out = ens.translate(lines)
+    assert len(out) == len(lines) and len(ens.ensemble) == 2
+    # an ensemble of two identical models is that model
+    same = Translator.from_checkpoint([ckpt, ckpt], beam=3).translate_results(lines)
+    single = Translator.from_checkpoint(ckpt, beam=3).translate_results(lines)
+    for a, b in zip(same, single):
+        assert a.text == b.text
+        if a.hypotheses:
+            assert a.hypotheses[0].score == pytest.approx(b.hypotheses[0].score, abs=1e-4)
+    bad = make_checkpoint(tmp_path / "bad.pt", words=WORDS + ["extra"])
+    with pytest.raises(UsageError, match="different vocabularies"):
+        Translator.from_checkpoint([ckpt, bad])
+
+
+def test_bad_options_and_ids(ckpt):
+    with pytest.raises(UsageError, match="needs a GPU"):
+        Translator.from_checkpoint(ckpt, precision="fp16", device="cpu")
+    with pytest.raises(UsageError):
+        Translator.from_checkpoint(ckpt, batch_size=0)
+    with pytest.raises(UsageError):
+        Translator.from_checkpoint(ckpt, nbest=9)
+    t = Translator.from_checkpoint(ckpt)
+    with pytest.raises(NmtError, match="line 2"):
+        t.translate_ids([[5, 6], [5, 999]])
+    res = t.translate_ids([np.array([5, 6, 7], dtype=np.uint16)])
+    assert res[0].source == "w1 w2 w3" and res[0].hypotheses
+
+
+def test_greedy_is_beam_one(ckpt):
+    """Beam 1 through the Translator stops at the first eos, whatever the length penalty."""
+    lines = mixed_lines(10, seed=7)
+    a = Translator.from_checkpoint(ckpt, beam=1, lenpen=0.0).translate(lines)
+    b = Translator.from_checkpoint(ckpt, beam=1, lenpen=1.0).translate(lines)
+    assert a == b
