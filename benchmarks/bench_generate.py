@@ -102,9 +102,13 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-buckets", action="store_true", help="skip time per sentence length")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--hyp-prefix", help="write each beam's translations to PREFIX.beamN.txt "
+                    "(one line per input line, in order), e.g. to score them")
     ap.add_argument("--quick", action="store_true",
                     help="a random tiny model and synthetic input, to check the script works")
     args = ap.parse_args(argv)
+    from nmt.perf import keep_freed_memory
+    keep_freed_memory()  # as nmt-train / nmt-generate do
 
     import torch
 
@@ -140,6 +144,10 @@ def main(argv=None) -> int:
         run_once(tr, lines[: min(len(lines), 16)])          # warm-up (allocator, kernels)
         timer.reset()
         wall, tokens, res = run_once(tr, lines)
+        if args.hyp_prefix:
+            from nmt.io import atomic_write
+            with atomic_write(f"{args.hyp_prefix}.beam{beam}.txt", "wb") as f:
+                f.write("".join(r.text.replace("\n", " ") + "\n" for r in res).encode())
         search_s = wall - timer.step_s - timer.encode_s
         row = {"load_s": round(load_s, 3), "wall_s": round(wall, 3),
                "sentences_per_s": round(len(lines) / wall, 2),

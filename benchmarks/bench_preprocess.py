@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--subword-sample", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=0, help="0: one per CPU")
     ap.add_argument("--write", type=Path, help="append the results as a section of this file")
+    ap.add_argument("--json", type=Path, help="also write the results here (machine-readable)")
     args = ap.parse_args()
 
     scales = [1] if args.quick else [int(x) for x in args.scales.split(",")]
@@ -140,6 +141,10 @@ def main() -> None:
                      f"| {r['lines_per_s']:,.0f} | {r['peak_rss_mb']:.0f} |")
     text = "\n".join(table)
     print(text)
+    if args.json:
+        keep = ("scale", "pairs", "wall", "lines_per_s", "peak_rss_mb")
+        args.json.write_text(json.dumps({"corpus": args.data.name, "rows": [
+            {k: r[k] for k in keep} for r in rows]}, indent=2) + "\n", encoding="utf-8")
     if args.write:
         cmd = " ".join(["python", "benchmarks/bench_preprocess.py", *sys.argv[1:]])
         one = " ".join(Path(c).name if i == 1 else c for i, c in enumerate(rows[0]["cmd"]))

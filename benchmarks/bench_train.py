@@ -5,13 +5,19 @@
     python benchmarks/bench_train.py DATA_DIR --updates 20         # a short profile run
     python benchmarks/bench_train.py --quick                       # tiny synthetic run (tests)
     python benchmarks/bench_train.py DATA_DIR --write BENCHMARKS.md
+    python benchmarks/bench_train.py DATA_DIR --warm-updates 5 --updates 30 --json r.json
+    python benchmarks/bench_train.py DATA_DIR --device cuda --precision bf16 --warm-updates 20
+
+With --warm-updates K the script times only --updates updates that follow K untimed ones, calling
+the trainer directly (no validation, no checkpoint inside the timed window): the steady-state
+speed, without start-up, allocator warm-up or the final save.
 
 DATA_DIR comes from nmt-preprocess (the reference: Multi30k en->de, one joined sentencepiece
 BPE vocabulary of 8000). The run is the library's real training loop (the same code as
 nmt-train, validation and checkpointing included), timed over the whole run.
 
-MFU = achieved FLOP/s / the fp32 matmul rate this script measures on the same machine with the
-same threads. Achieved FLOP/s counts the Transformer's matmuls on the real (unpadded) lengths
+MFU = achieved FLOP/s / the matmul rate this script measures on the same machine with the
+same threads (fp32; on a GPU, the rate in the training precision, e.g. bf16). Achieved FLOP/s counts the Transformer's matmuls on the real (unpadded) lengths
 of the batches trained on (nmt.training.flops), times 3 for forward + backward.
 """
 
@@ -28,24 +34,77 @@ import tempfile
 import time
 
 
-def matmul_rate(threads: int, n: int = 1024, seconds: float = 2.0) -> float:
-    """Best fp32 FLOP/s of square n x n matmuls over a few repeats."""
+def matmul_rate(threads: int, n: int = 1024, seconds: float = 2.0, device: str = "cpu",
+                precision: str = "fp32") -> float:
+    """Best FLOP/s of square n x n matmuls over a few repeats (the machine's practical limit)."""
     import torch
 
     torch.set_num_threads(threads)
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     for _ in range(3):
         a @ b
+    sync()
     best = 0.0
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t = time.perf_counter()
         for _ in range(5):
             a @ b
+        sync()                                  # GPU matmuls are asynchronous
         dt = time.perf_counter() - t
         best = max(best, 5 * 2 * n ** 3 / dt)
     return best
+
+
+def update_groups(run):
+    """The run's updates in training order: lists of sentence-index arrays (None: padding)."""
+    epoch, uf = 1, run.cfg.update_freq
+    while True:
+        shard = run.sampler.shard_batches(epoch)
+        for start in range(0, len(shard), uf):
+            yield shard[start:start + uf]
+        epoch += 1
+
+
+def timed_updates(run, warm: int, timed: int) -> tuple[float, float, int]:
+    """(seconds, FLOPs, target tokens) of ``timed`` updates after ``warm`` untimed ones.
+
+    Calls the trainer as the training loop does (collate included in the time), without
+    validation or checkpoints.
+    """
+    import numpy as np
+    import torch
+
+    from nmt.data.batching import collate
+    from nmt.training.flops import train_flops
+
+    cuda = run.device.type == "cuda"
+    flops, ntok, t0 = 0.0, 0, time.perf_counter()
+    for i, group in enumerate(update_groups(run)):
+        if i == warm + timed:
+            break
+        if i == warm:
+            if cuda:
+                torch.cuda.synchronize(run.device)
+            t0 = time.perf_counter()
+        if i >= warm:
+            idx = [b for b in group if b is not None]
+            if idx:
+                cat = np.concatenate(idx)
+                s = run.train_ds.src_sizes[cat] + 1
+                t = run.train_ds.tgt_sizes[cat] + 1
+                flops += train_flops(run.model_cfg, s, t, run.tgt_vocab)
+                ntok += int(t.sum())
+        batches = [None if b is None else collate(run.train_ds, b) for b in group]
+        stats = run.trainer.train_step(batches)
+        if i == warm + timed - 1:
+            float(stats.loss)                   # wait for the device before stopping the clock
+    if cuda:
+        torch.cuda.synchronize(run.device)
+    return time.perf_counter() - t0, flops, ntok
 
 
 def trained_flops(run, updates: int) -> tuple[float, int]:
@@ -119,13 +178,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--updates", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--warmup", type=int, default=4000)
+    ap.add_argument("--warmup", type=int, default=4000, help="learning-rate warm-up updates")
+    ap.add_argument("--warm-updates", type=int, default=0,
+                    help="untimed updates before timing --updates of them (0: time the whole run)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="training precision (bf16/fp16 need CUDA); also the matmul rate's")
+    ap.add_argument("--json", metavar="FILE", help="also write the result here")
     ap.add_argument("--save-dir", default=None, help="keep checkpoints here (default: temp)")
     ap.add_argument("--quick", action="store_true", help="tiny synthetic run, for tests")
     ap.add_argument("--write", metavar="FILE", help="append a markdown row to FILE")
     args = ap.parse_args()
+    from nmt.perf import keep_freed_memory
+    keep_freed_memory()  # as nmt-train / nmt-generate do
     if not args.quick and not args.data_dir:
         ap.error("DATA_DIR is required unless --quick")
+    if args.warm_updates < 0 or args.updates < 1:
+        ap.error("--warm-updates must be >= 0 and --updates >= 1")
 
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
@@ -135,39 +204,60 @@ def main() -> None:
     from nmt.training.loop import Run, TrainConfig
 
     setup_logging(quiet=True)
-    if args.quick:
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
+    if args.quick and not args.data_dir:
         data, data_dir = quick_data(), "synthetic"
         args.arch, args.max_tokens, args.updates, args.warmup = "transformer_tiny", 300, 8, 10
     else:
         from nmt.data.datadir import DataDir
         data, data_dir = DataDir.open(args.data_dir), args.data_dir
 
-    peak = matmul_rate(args.threads, n=256 if args.quick else 1024,
-                       seconds=0.2 if args.quick else 2.0)
+    cuda = args.device.startswith("cuda")
+    peak = matmul_rate(args.threads, n=256 if args.quick else 4096 if cuda else 1024,
+                       seconds=0.2 if args.quick else 2.0, device=args.device,
+                       precision=args.precision)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = TrainConfig(arch=args.arch, max_tokens=args.max_tokens, max_update=args.updates,
+        total = args.warm_updates + args.updates
+        cfg = TrainConfig(arch=args.arch, max_tokens=args.max_tokens, max_update=total,
                           warmup=args.warmup, save_dir=args.save_dir or tmp, resume=False,
-                          device="cpu", log_interval=max(1, args.updates // 10))
+                          device=args.device, precision=args.precision,
+                          log_interval=max(1, total // 10))
         run = Run(cfg, data, data_dir)
-        t0 = time.perf_counter()
-        run.run()
-        seconds = time.perf_counter() - t0
-        flops, ntok = trained_flops(run, run.trainer.num_updates)
+        if args.warm_updates:
+            seconds, flops, ntok = timed_updates(run, args.warm_updates, args.updates)
+            timed = args.updates
+            if args.save_dir:                   # e.g. a checkpoint for the generation benchmark
+                run.save(None)
+        else:
+            t0 = time.perf_counter()
+            run.run()
+            seconds = time.perf_counter() - t0
+            timed = run.trainer.num_updates
+            flops, ntok = trained_flops(run, timed)
     achieved = flops / seconds
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
         "torch": torch.__version__, "arch": args.arch, "max_tokens": args.max_tokens,
-        "updates": run.trainer.num_updates, "threads": args.threads,
+        "params": sum(p.numel() for p in run.model.parameters()),
+        "updates": timed, "warm_updates": args.warm_updates, "threads": args.threads,
+        "device": args.device, "precision": args.precision,
+        "gpu": torch.cuda.get_device_name(run.device) if cuda else None,
         "seconds": round(seconds, 2),
         "tgt_tokens_per_s": round(ntok / seconds, 1),
-        "updates_per_s": round(run.trainer.num_updates / seconds, 4),
+        "updates_per_s": round(timed / seconds, 4),
         "achieved_gflops": round(achieved / 1e9, 2),
         "matmul_peak_gflops": round(peak / 1e9, 2),
         "mfu": round(achieved / peak, 4),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 3),
+        "gpu_max_gb": (round(torch.cuda.max_memory_allocated(run.device) / 2 ** 30, 3)
+                       if cuda else None),
     }
     print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
     if args.write:
         line = (f"| {result['date']} | {args.arch} | {args.max_tokens} | {result['updates']} | "
                 f"{args.threads} | {result['seconds']} | {result['tgt_tokens_per_s']} | "

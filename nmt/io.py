@@ -139,10 +139,20 @@ class LineWriter:
             self._own = True
 
     def write(self, line: str) -> None:
-        self._f.write(line + "\n")
+        try:
+            self._f.write(line + "\n")
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise NmtError(f"{self.path or '<stdout>'}: cannot write ({e.strerror or e})") from None
 
     def flush(self) -> None:
-        self._f.flush()
+        try:
+            self._f.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise NmtError(f"{self.path or '<stdout>'}: cannot write ({e.strerror or e})") from None
 
     def close(self) -> None:
         self._f.flush()

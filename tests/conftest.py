@@ -15,13 +15,18 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def _restore_nmt_logger():
-    """CLIs run in-process (CliRunner) install their own handlers on the 'nmt' logger and stop
-    propagation; undo that so later tests' caplog sees records again."""
+def _clean_nmt_logger() -> None:
     logger = logging.getLogger("nmt")
-    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+    logger.handlers.clear()
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True)
+def _reset_nmt_logger():
+    """CLIs run in-process (CliRunner), also from module-scoped fixtures, install their own
+    handlers on the 'nmt' logger and stop propagation (nmt.cli.common.setup_logging); give every
+    test a plain logger that propagates, so that caplog sees its records."""
+    _clean_nmt_logger()
     yield
-    logger.handlers[:] = handlers
-    logger.propagate = propagate
-    logger.setLevel(level)
+    _clean_nmt_logger()

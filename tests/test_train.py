@@ -185,3 +185,14 @@ def test_rerun_after_max_update_trains_nothing(tmp_path):
     after = load_checkpoint(out)
     assert after["progress"]["update"] == 3
     assert all(torch.equal(before[k], after["model"][k]) for k in before)
+
+
+def test_train_log_continues_on_resume_and_restarts_without(tmp_path):
+    data = FakeData(n_train=20)
+    train(run_cfg(tmp_path, max_update=2), data, "fake")
+    train(run_cfg(tmp_path, max_update=4), data, "fake")
+    log = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in log if r["kind"] == "train"] == [1, 2, 3, 4]
+    train(run_cfg(tmp_path, max_update=1, resume=False), data, "fake")
+    log = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in log if r["kind"] == "train"] == [1]

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from nmt.cli.train import main as train_main
 from nmt.training.checkpoint import load_checkpoint, load_model_from_checkpoint
+from train_support import write_reversal_corpus
 
 
 def run(args, stdin=None, cwd=None):
@@ -20,18 +21,7 @@ def run(args, stdin=None, cwd=None):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("train_cli")
-    rng = np.random.default_rng(0)
-    words = [f"w{i}" for i in range(20)]
-    for split, n in (("train", 60), ("valid", 8)):
-        src = [" ".join(rng.choice(words, size=rng.integers(2, 8))) for _ in range(n)]
-        (tmp / f"{split}.xx").write_text("\n".join(src) + "\n")
-        (tmp / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
-    r = run(["nmt-preprocess", "-s", "xx", "-t", "yy", "--trainpref", str(tmp / "train"),
-             "--validpref", str(tmp / "valid"), "--destdir", str(tmp / "bin"),
-             "--subword", "none", "--joined-dictionary"])
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
+    return write_reversal_corpus(tmp_path_factory.mktemp("train_cli"), run, ())
 
 
 def test_pipeline_stdin_to_one_stdout_line(data_dir, tmp_path):
@@ -83,6 +73,7 @@ def test_average_mode(data_dir, tmp_path):
     (["DATA", "--max-update", "1", "--precision", "fp16", "--device", "cpu"], "needs a CUDA"),
     (["DATA", "--max-update", "1", "--max-time", "soon"], "--max-time"),
     (["--average", "/nonexistent.pt", "--output", "x.pt"], "no such checkpoint"),
+    (["DATA", "--max-update", "1", "--save-dir", "/proc/nmt-ckpt"], "cannot create save directory"),
 ])
 def test_bad_input_gives_one_line_error(data_dir, tmp_path, args, needle):
     args = [data_dir if a == "DATA" else a for a in args]

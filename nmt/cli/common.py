@@ -5,6 +5,7 @@ Data goes to stdout; logs, tables and progress bars go to stderr (``console``).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -17,9 +18,11 @@ from rich.logging import RichHandler
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, UsageError
 
 console = Console(stderr=True)
+# Errors of a write that the user's environment causes (full disk, quota, read-only, I/O).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
 F = TypeVar("F", bound=Callable)
 
 
@@ -38,6 +41,21 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+
+
+def setup_runtime(verbose: bool, quiet: bool, threads: int | None) -> None:
+    """Logging, glibc's allocator (nmt.perf) and PyTorch's CPU threads, for the commands that
+    run a model (nmt-train, nmt-generate)."""
+    setup_logging(verbose, quiet)
+    from nmt.perf import keep_freed_memory
+
+    keep_freed_memory()
+    if threads is not None:
+        if threads < 1:
+            raise UsageError("--threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def die(prog: str, message: str, code: int = 1) -> "None":
@@ -78,6 +96,10 @@ def handle_errors(prog: str) -> Callable[[F], F]:
             except Exception as e:  # noqa: BLE001 - last line of defence against tracebacks
                 if os.environ.get("NMT_DEBUG"):
                     raise
+                if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+                    # Outside the writers that name their file (atomic_write, LineWriter):
+                    # the environment's fault, e.g. a full disk, not an internal error.
+                    die(prog, f"{e.filename or 'output'}: cannot write ({e.strerror})", 1)
                 msg = " ".join(str(e).split()) or type(e).__name__
                 die(prog, f"internal error: {type(e).__name__}: {msg} "
                           f"(set NMT_DEBUG=1 for the traceback)", 1)

@@ -15,7 +15,7 @@ from typing import IO, Iterator, Sequence
 
 import click
 
-from nmt.cli.common import handle_errors, make_progress, read_path_from_stdin, setup_logging
+from nmt.cli.common import handle_errors, make_progress, read_path_from_stdin, setup_runtime
 from nmt.errors import NmtError, UsageError
 
 log = logging.getLogger("nmt.generate")
@@ -54,8 +54,13 @@ def open_output(path: str | None) -> Iterator[IO[bytes]]:
     """stdout (streamed), or a file written under a temporary name and renamed when complete,
     so that a crash never leaves a partial file that looks finished."""
     if path is None or path == "-":
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+        try:
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:    # e.g. a full disk under a redirected stdout
+            raise NmtError(f"<stdout>: cannot write ({e.strerror or e})") from None
         return
     from nmt.io import atomic_write
     with atomic_write(path, "wb") as f:
@@ -152,12 +157,7 @@ def main(checkpoints, input_path, output_path, beam, lenpen, max_len_a, max_len_
       nmt-generate ckpt/checkpoint_best.pt < test.en > test.hyp
       nmt-generate a.pt b.pt c.pt -i test.en --output-format jsonl > test.jsonl
     """
-    setup_logging(verbose, quiet)
-    if threads is not None:
-        if threads < 1:
-            raise UsageError("--threads must be >= 1")
-        import torch
-        torch.set_num_threads(threads)
+    setup_runtime(verbose, quiet, threads)
     if nbest < 1:
         raise UsageError("--nbest must be >= 1")
 

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from nmt.cli.common import console, handle_errors, read_path_from_stdin, setup_logging
+from nmt.cli.common import console, handle_errors, read_path_from_stdin, setup_runtime
 from nmt.errors import UsageError
 
 log = logging.getLogger("nmt.train")
@@ -129,12 +129,17 @@ def list_archs_table(vocab_size: int) -> None:
 @click.option("--threads", default=None, type=int,
               help="CPU threads for PyTorch (torch.set_num_threads).")
 @click.option("--resume/--no-resume", default=True, show_default=True,
-              help="Continue from SAVE_DIR/checkpoint_last.pt when it exists: same weights, "
-                   "optimizer, learning rate, RNG and next batch.")
+              help="Continue from the newest intact checkpoint in SAVE_DIR (checkpoint_last.pt "
+                   "or checkpoint_<update>.pt; unreadable ones are skipped with a warning): "
+                   "same weights, optimizer, learning rate, RNG and next batch.")
 @click.option("--log-interval", default=100, show_default=True, type=int,
               help="Log training statistics every N updates.")
 @click.option("--ddp-timeout", default=30.0, show_default=True, type=float,
-              help="Minutes a rank waits for the others before giving up (torchrun runs).")
+              help="Minutes a rank waits for the others in a collective before it exits with "
+                   "an error (torchrun runs: a dead or hung rank stops the whole job).")
+@click.option("--max-nonfinite", default=10, show_default=True, type=int,
+              help="Stop with an error after this many updates in a row with a NaN/inf loss or "
+                   "gradient (each is skipped, never applied; fp16 also lowers the loss scale).")
 @click.option("--average", "average_mode", is_flag=True,
               help="Averaging mode: INPUTS are checkpoints; write their mean to --output and "
                    "print its path. No training.")
@@ -146,7 +151,8 @@ def main(inputs, arch, overrides, list_archs, vocab_size, share_all_embeddings, 
          max_sentences, update_freq, lr_scale, warmup, clip_norm, seed, max_update, max_epoch,
          max_time, save_dir, save_interval_updates, save_interval_minutes, keep_last,
          average_last, validate_interval_updates, valid_subset, valid_bleu, precision, device,
-         threads, resume, log_interval, ddp_timeout, average_mode, output, verbose, quiet):
+         threads, resume, log_interval, ddp_timeout, max_nonfinite, average_mode, output,
+         verbose, quiet):
     """Train a Transformer on DATA_DIR (from nmt-preprocess; read from stdin when omitted).
 
     \b
@@ -158,19 +164,21 @@ def main(inputs, arch, overrides, list_archs, vocab_size, share_all_embeddings, 
       nmt-train --average ckpt/checkpoint_98000.pt ckpt/checkpoint_99000.pt --output avg.pt
 
     \b
-    Multi-node: run torchrun on every machine with --nnodes N --node_rank I
-    --rdzv_backend c10d --rdzv_endpoint HOST:PORT (see README).
+    Multi-node: run the same torchrun command on every machine with --nnodes N
+    --rdzv_id ID --rdzv_backend c10d --rdzv_endpoint HOST:PORT; DATA_DIR and --save-dir
+    must be at the same path on every machine (every rank reads checkpoint_last.pt to
+    resume; only rank 0 writes).
 
     Adam (0.9, 0.98, 1e-9), eq. 5 learning rate, label-smoothed cross entropy normalised by
     the number of target tokens of each update. Losses are in nats; ppl = exp(nll).
     Prints the final checkpoint's path on stdout.
+
+    \b
+    Interruptions: SIGINT (Ctrl-C) or SIGTERM finish the current update, save a checkpoint
+    and exit with 130 or 143 (nothing on stdout); a second signal stops at once. After any
+    stop, even kill -9, the same command resumes from the newest intact checkpoint.
     """
-    setup_logging(verbose, quiet)
-    if threads is not None:
-        if threads < 1:
-            raise UsageError("--threads must be >= 1")
-        import torch
-        torch.set_num_threads(threads)
+    setup_runtime(verbose, quiet, threads)
 
     if list_archs:
         list_archs_table(vocab_size)
@@ -211,8 +219,10 @@ def main(inputs, arch, overrides, list_archs, vocab_size, share_all_embeddings, 
         save_interval_minutes=save_interval_minutes, keep_last=keep_last,
         average_last=average_last, validate_interval_updates=validate_interval_updates,
         valid_subset=valid_subset, valid_bleu=valid_bleu, precision=precision, device=device,
-        resume=resume, log_interval=log_interval, ddp_timeout=ddp_timeout)
-    path = train(cfg, data, str(data_dir))
+        resume=resume, log_interval=log_interval, ddp_timeout=ddp_timeout,
+        max_nonfinite=max_nonfinite)
+    from pathlib import Path
+    path = train(cfg, data, str(Path(data_dir).resolve()))
     from nmt.training.distributed import env_dist_info
     if env_dist_info().is_main:
         click.echo(str(path))

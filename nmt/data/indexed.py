@@ -44,17 +44,24 @@ class ShardWriter:
         if len(lens) == 0:
             return
         offsets = self.tokens + np.cumsum(lens, dtype=np.int64)
-        self._bin.write(np.ascontiguousarray(flat, dtype=self.dtype).tobytes())
-        self._idx.write(offsets.astype(IDX_DTYPE, copy=False).tobytes())
+        try:
+            self._bin.write(np.ascontiguousarray(flat, dtype=self.dtype).tobytes())
+            self._idx.write(offsets.astype(IDX_DTYPE, copy=False).tobytes())
+        except OSError as e:
+            raise NmtError(f"{self.prefix}.bin: cannot write ({e.strerror or e})") from None
         self.sentences += len(lens)
         self.tokens = int(offsets[-1])
 
     def close(self) -> None:
         for f in (self._bin, self._idx):
             if not f.closed:
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
+                try:
+                    f.flush()
+                    os.fsync(f.fileno())
+                    f.close()
+                except OSError as e:
+                    # A full disk often shows only here (delayed allocation).
+                    raise NmtError(f"{f.name}: cannot write ({e.strerror or e})") from None
 
 
 class SplitWriter:

@@ -15,12 +15,16 @@ log = logging.getLogger("nmt.train")
 class JsonlLog:
     """Appends one JSON object per line; each line is flushed so a crash loses nothing."""
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, append: bool = True):
         self.path = Path(path) if path is not None else None
         self._f = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "a", encoding="utf-8")
+            try:
+                self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+            except OSError as e:
+                from nmt.errors import NmtError
+                raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._f is None:

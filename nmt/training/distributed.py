@@ -84,6 +84,22 @@ def init_distributed(info: DistInfo, device: torch.device, timeout_minutes: floa
     log.info("rank %d/%d joined the %s process group", info.rank, info.world_size, backend)
 
 
+def collective_failure(e: BaseException, timeout_minutes: float) -> str | None:
+    """A one-line message when ``e`` is a failed collective (a rank died, hung past the
+    timeout or lost its connection), else None."""
+    if not dist.is_initialized():
+        return None
+    text = " ".join(str(e).split())
+    low = text.lower()
+    if not (isinstance(e, dist.DistError) or any(
+            k in low for k in ("gloo", "nccl", "timed out", "timeout", "connection closed",
+                               "connection reset", "broken pipe"))):
+        return None
+    rank = dist.get_rank()
+    return (f"rank {rank}: a collective operation failed: another rank died, hung or lost "
+            f"its connection (--ddp-timeout {timeout_minutes:g} min) ({text[:200]})")
+
+
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

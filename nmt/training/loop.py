@@ -11,6 +11,8 @@ import logging
 import math
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +27,9 @@ from nmt.errors import NmtError, UsageError
 from nmt.training import checkpoint as ckpt_io
 from nmt.training.average import average_to_file, last_checkpoints, numbered_checkpoints
 from nmt.training.curves import JsonlLog, plot_curves
-from nmt.training.distributed import (DistInfo, all_gather_object, barrier, env_dist_info,
-                                      init_distributed, pick_device, shutdown_distributed)
+from nmt.training.distributed import (DistInfo, all_gather_object, barrier, collective_failure,
+                                      env_dist_info, init_distributed, pick_device,
+                                      shutdown_distributed)
 from nmt.training.trainer import Trainer, get_rng_state, set_rng_state
 from nmt.training.validate import validation_bleu, validation_loss
 from nmt.version import __version__
@@ -64,9 +67,10 @@ class TrainConfig:
     resume: bool = True
     log_interval: int = 100
     ddp_timeout: float = 30.0                  # minutes
+    max_nonfinite: int = 10                    # NaN/inf updates in a row before giving up
 
     def check(self) -> None:
-        for name in ("max_tokens", "update_freq", "warmup", "log_interval"):
+        for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
         for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
@@ -79,6 +83,19 @@ class TrainConfig:
             raise UsageError("--lr-scale must be > 0")
         if self.max_update == 0 and self.max_epoch == 0 and self.max_time == 0:
             raise UsageError("give a stopping criterion: --max-update, --max-epoch or --max-time")
+        if not self.ddp_timeout > 0:
+            raise UsageError("--ddp-timeout must be > 0")
+
+
+class TrainingInterrupted(NmtError):
+    """SIGINT/SIGTERM arrived: a checkpoint was saved; exit code 128 + the signal number."""
+
+    def __init__(self, signum: int, update: int, path: Path | None):
+        name = signal.Signals(signum).name if signum else "a signal"
+        saved = f"saved {path}" if path else "checkpoint saved by rank 0"
+        super().__init__(f"interrupted by {name} at update {update}; {saved}; run the same "
+                         f"command again to resume")
+        self.exit_code = 128 + (signum or signal.SIGTERM)
 
 
 class _Meter:
@@ -155,6 +172,15 @@ class Run:
         init_distributed(self.info, self.device, cfg.ddp_timeout)
         self.save_dir = Path(cfg.save_dir)
         self.is_main = self.info.is_main
+        if self.is_main:
+            # Fail now, not at the first save an hour from now.
+            try:
+                self.save_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise NmtError(f"{self.save_dir}: cannot create save directory "
+                               f"({e.strerror})") from None
+            if not os.access(self.save_dir, os.W_OK):
+                raise NmtError(f"{self.save_dir}: save directory is not writable")
 
         from nmt.registry import get_arch
         self.model_cfg: ModelConfig = get_arch(cfg.arch, cfg.overrides)
@@ -209,7 +235,7 @@ class Run:
         self.epoch_batches_done = 0
         self.best_loss = math.inf
         self.codec_states = (data.src_codec.to_state(), data.tgt_codec.to_state())
-        self.jsonl = JsonlLog(self.save_dir / "train_log.jsonl" if self.is_main else None)
+        self.jsonl = JsonlLog(None)   # opened in run(): appended to when resuming
 
     # --- checkpoints ----------------------------------------------------------------------------
     def _checkpoint(self, rng_states: list[Any], valid: dict[str, float] | None) -> dict:
@@ -255,15 +281,68 @@ class Run:
         barrier(self.info)
         return path
 
-    def try_resume(self) -> None:
+    def _remove_stale_temporaries(self) -> None:
+        """A run killed while saving leaves '.checkpoint_*.tmp' files (never a checkpoint)."""
+        for p in self.save_dir.glob(".checkpoint*.tmp"):
+            try:
+                p.unlink()
+                log.info("removed %s, left by an interrupted save", p)
+            except OSError:
+                pass
+
+    def _newest_intact_checkpoint(self) -> tuple[Path, dict] | None:
+        """checkpoint_last.pt or a newer checkpoint_<update>.pt, newest first; unreadable files
+        (truncated, corrupt, refused) are skipped with a warning. None if nothing exists."""
         last = self.save_dir / "checkpoint_last.pt"
-        if not last.exists():
-            return
+        numbered = numbered_checkpoints(self.save_dir)[::-1]
+        if not last.exists() and not numbered:
+            return None
+        skipped: list[str] = []
+
+        def attempt(path: Path) -> dict | None:
+            try:
+                return ckpt_io.load_checkpoint(path, map_location=self.device)
+            except NmtError as e:
+                if self.is_main:
+                    log.warning("skipping an unusable checkpoint: %s", e)
+                skipped.append(path.name)
+                return None
+
+        best: tuple[Path, dict] | None = None
+        if last.exists():
+            ck = attempt(last)
+            if ck is not None:
+                best = (last, ck)
+        # checkpoint_last.pt is normally a hard link to the newest numbered file (one load);
+        # a crash between writing checkpoint_<n>.pt and linking leaves a newer numbered one.
+        have = best[1].get("progress", {}).get("update", -1) if best else -1
+        for path in numbered:
+            if int(path.stem.split("_")[1]) <= have:
+                break
+            ck = attempt(path)
+            if ck is not None:
+                best = (path, ck)
+                break
+        if best is None:
+            raise NmtError(f"{self.save_dir}: no intact checkpoint to resume from "
+                           f"({', '.join(skipped)} unreadable); use --no-resume to start afresh "
+                           f"or another --save-dir")
+        return best
+
+    def try_resume(self) -> bool:
+        """Load the newest intact checkpoint of SAVE_DIR when asked; True if it did."""
+        if self.is_main:
+            self._remove_stale_temporaries()
+        last = self.save_dir / "checkpoint_last.pt"
         if not self.cfg.resume:
-            if self.is_main:
-                log.warning("--no-resume: starting afresh; %s will be overwritten", last)
-            return
-        ck = ckpt_io.load_checkpoint(last, map_location=self.device)
+            if self.is_main and (last.exists() or numbered_checkpoints(self.save_dir)):
+                log.warning("--no-resume: starting afresh; the checkpoints in %s will be "
+                            "overwritten", self.save_dir)
+            return False
+        found = self._newest_intact_checkpoint()
+        if found is None:
+            return False
+        last, ck = found
         if ck["model_config"] != self.model_cfg.to_dict():
             raise NmtError(f"{last}: was trained with another model configuration; use "
                            f"--no-resume or another --save-dir")
@@ -286,6 +365,7 @@ class Run:
         if self.is_main:
             log.info("resumed from %s at update %d (epoch %d, batch %d)", last,
                      self.trainer.num_updates, self.epoch, self.epoch_batches_done)
+        return True
 
     # --- validation -----------------------------------------------------------------------------
     def validate(self) -> dict[str, float] | None:
@@ -309,7 +389,9 @@ class Run:
     # --- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
         cfg = self.cfg
-        self.try_resume()
+        resumed = self.try_resume()
+        if self.is_main:
+            self.jsonl = JsonlLog(self.save_dir / "train_log.jsonl", append=resumed)
         uf = cfg.update_freq
         t_start = time.perf_counter()
         last_save_time = t_start
@@ -317,7 +399,6 @@ class Run:
         total = _Meter()
         valid_every = (cfg.validate_interval_updates if cfg.validate_interval_updates is not None
                        else cfg.save_interval_updates)
-        final_path: Path | None = None
         n_params = sum(p.numel() for p in self.model.parameters())
         if self.is_main:
             log.info("model %s: %d parameters; %d training pairs; %d ranks x %d max tokens x "
@@ -335,6 +416,9 @@ class Run:
         if stop and self.is_main:
             log.info("already at update %d (--max-update %d): nothing to train",
                      self.trainer.num_updates, cfg.max_update)
+        signalled = False
+        saved_at: Path | None = None
+        old_handlers = self._catch_signals()
         try:
             while not stop:
                 if cfg.max_epoch and self.epoch > cfg.max_epoch:
@@ -346,19 +430,23 @@ class Run:
                     batches = [None if idx is None else collate(self.train_ds, idx)
                                for idx in group_idx]
                     now = time.perf_counter()
-                    flags = [float(bool(cfg.save_interval_minutes) and
+                    # Time-based decisions follow rank 0's clock; a signal on any rank counts.
+                    flags = [float(self.is_main and bool(cfg.save_interval_minutes) and
                                    now - last_save_time >= 60 * cfg.save_interval_minutes),
-                             float(bool(cfg.max_time) and now - t_start >= cfg.max_time)]
+                             float(self.is_main and bool(cfg.max_time)
+                                   and now - t_start >= cfg.max_time),
+                             float(self._signal != 0)]
                     stats = self.trainer.train_step(batches, flags)
                     start += len(group_idx)
                     self.epoch_batches_done = start
-                    meter.add(stats)
-                    total.add(stats)
                     upd = self.trainer.num_updates
-                    if stats.skipped and self.is_main:
-                        log.warning("update skipped (fp16 overflow or no tokens); loss scale %s",
-                                    self.trainer.scaler.get_scale() if self.trainer.scaler
-                                    else "-")
+                    if stats.nonfinite:
+                        self._nonfinite(stats)
+                    else:
+                        meter.add(stats)
+                        total.add(stats)
+                    if stats.skipped and not stats.nonfinite and self.is_main:
+                        log.warning("update skipped (no target tokens)")
                     if progress is not None:
                         progress.update(task, completed=upd, rate=f"epoch {self.epoch}")
                     if upd % cfg.log_interval == 0 and not stats.skipped:
@@ -366,7 +454,13 @@ class Run:
                         meter.reset()
                     end_of_epoch = start >= len(shard)
                     time_up = stats.flags[1] > 0
-                    stop = ((cfg.max_update and upd >= cfg.max_update) or time_up
+                    signalled = stats.flags[2] > 0
+                    if signalled and self.is_main:
+                        log.warning("%s received: saving a checkpoint and stopping (send it "
+                                    "again to stop at once)",
+                                    signal.Signals(self._signal).name if self._signal
+                                    else "a signal")
+                    stop = ((cfg.max_update and upd >= cfg.max_update) or time_up or signalled
                             or (end_of_epoch and cfg.max_epoch and self.epoch >= cfg.max_epoch))
                     stop = bool(stop)
                     by_updates = (cfg.save_interval_updates and not stats.skipped
@@ -374,8 +468,10 @@ class Run:
                     by_epoch = (end_of_epoch and not cfg.save_interval_updates
                                 and not cfg.save_interval_minutes)
                     do_save = bool(by_updates or stats.flags[0] > 0 or by_epoch or stop)
-                    do_valid = do_save or bool(valid_every and not stats.skipped
-                                               and upd % valid_every == 0)
+                    # Stopping on a signal: save at once, no validation (a scheduler's grace
+                    # period before SIGKILL is short).
+                    do_valid = not signalled and (do_save or bool(
+                        valid_every and not stats.skipped and upd % valid_every == 0))
                     if end_of_epoch:
                         # The saved position must point at the next batch to train on.
                         self.epoch += 1
@@ -387,11 +483,12 @@ class Run:
                                 improved = valid["loss"] <= self.best_loss
                                 self.best_loss = min(self.best_loss, valid["loss"])
                                 valid = {**valid, "best": improved}
-                            final_path = self.save(valid) or final_path
+                            saved_at = self.save(valid)
                             last_save_time = time.perf_counter()
                     if stop:
                         break
         finally:
+            self._restore_signals(old_handlers)
             if progress is not None:
                 progress.stop()
         if self.is_main:
@@ -403,6 +500,9 @@ class Run:
                               "seconds": time.perf_counter() - t_start, **summary})
             self.jsonl.close()
             plot_curves(self.save_dir / "train_log.jsonl", self.save_dir / "curves.png")
+        if signalled:
+            barrier(self.info)
+            raise TrainingInterrupted(self._signal, self.trainer.num_updates, saved_at)
         final = self.save_dir / "checkpoint_last.pt"
         if cfg.average_last and self.is_main:
             paths = last_checkpoints(self.save_dir, cfg.average_last)
@@ -412,6 +512,49 @@ class Run:
             final = average_to_file(paths, self.save_dir / f"checkpoint_avg{len(paths)}.pt")
         barrier(self.info)
         return final.resolve()
+
+    # --- faults ---------------------------------------------------------------------------------
+    def _catch_signals(self) -> dict:
+        """SIGINT/SIGTERM: finish the update, save, stop. A second one stops at once."""
+        self._signal = 0
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum, frame):
+            if self._signal:
+                # Checkpoints are written atomically: stopping anywhere is safe.
+                raise KeyboardInterrupt
+            self._signal = signum   # read by the loop after the current update
+
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                old[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+        return old
+
+    @staticmethod
+    def _restore_signals(old: dict) -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    def _nonfinite(self, stats) -> None:
+        """A skipped NaN/inf update: warn; give up after --max-nonfinite in a row."""
+        n = self.trainer.nonfinite_in_a_row
+        attempted = self.trainer.num_updates + 1     # skipped updates do not count
+        loss = float(stats.loss) / max(stats.ntokens, 1)
+        gnorm = float(stats.gnorm)
+        scale = self.trainer.scaler.get_scale() if self.trainer.scaler is not None else None
+        if self.is_main:
+            log.warning("update %d: loss %s, gradient norm %s: not finite, update skipped "
+                        "(%d in a row)%s", attempted, loss, gnorm, n,
+                        f"; fp16 loss scale lowered to {scale:g}" if scale is not None else "")
+        if n >= self.cfg.max_nonfinite:
+            raise NmtError(f"the loss or gradient was not finite for {n} updates in a row "
+                           f"(last at update {attempted}: loss {loss}, gradient norm {gnorm}); "
+                           f"stopped without saving them (the checkpoints in {self.save_dir} "
+                           f"are intact); try a smaller --lr-scale, --clip-norm or fp32")
 
     def _log_train(self, meter: _Meter, lr: float) -> None:
         s = meter.summary()
@@ -432,8 +575,17 @@ class Run:
 
 
 def train(cfg: TrainConfig, data, data_dir: str) -> Path:
-    """Train on an opened data directory (nmt.data.DataDir or anything with its interface)."""
+    """Train on an opened data directory (nmt.data.DataDir or anything with its interface).
+
+    Raises :class:`TrainingInterrupted` after saving when SIGINT/SIGTERM arrived, and
+    NmtError when another rank died or hung past ``cfg.ddp_timeout`` minutes.
+    """
     try:
         return Run(cfg, data, data_dir).run()
+    except RuntimeError as e:
+        msg = collective_failure(e, cfg.ddp_timeout)
+        if msg is None:
+            raise
+        raise NmtError(msg) from None
     finally:
         shutdown_distributed()

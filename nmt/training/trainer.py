@@ -40,8 +40,9 @@ class StepStats:
     nsentences: int
     src_ntokens: int
     lr: float
-    skipped: bool            # fp16 overflow: the update was not applied
-    flags: list[float]       # rank-0 decisions shared with every rank (see Trainer.train_step)
+    skipped: bool            # not applied: no tokens, or a non-finite loss/gradient
+    flags: list[float]       # per-rank flags summed over the ranks (see Trainer.train_step)
+    nonfinite: bool = False  # the loss or the gradient norm was NaN/inf (fp16: overflow)
 
 
 class Trainer:
@@ -75,6 +76,7 @@ class Trainer:
         self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self._dummy = dummy_batch().to(self.device)
         self.num_skipped = 0
+        self.nonfinite_in_a_row = 0   # consecutive updates skipped for a NaN/inf loss or gradient
 
     @property
     def num_updates(self) -> int:
@@ -88,9 +90,14 @@ class Trainer:
     def train_step(self, batches: Sequence[Batch | None], flags: Sequence[float] = ()) -> StepStats:
         """One update over ``batches`` (this rank's micro-batches; ``None`` = nothing left).
 
-        ``flags`` are small numbers only rank 0 sets (e.g. "save now", "time is up"); they are
-        summed across ranks with the statistics, so every rank takes the same decision without
-        an extra collective.
+        ``flags`` are small numbers (e.g. "save now", "time is up", "a signal arrived"); they
+        are summed across ranks with the statistics, so every rank takes the same decision
+        without an extra collective. Decisions only rank 0 may take (its clock) are passed as 0
+        by the other ranks.
+
+        A NaN or infinite loss or gradient norm never reaches the weights or Adam's moments:
+        the update is skipped (and with fp16 the loss scale lowered), ``nonfinite`` is set and
+        ``nonfinite_in_a_row`` counts such updates until a good one.
         """
         self.wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -121,7 +128,7 @@ class Trainer:
             nsent += b.nsentences
             nsrc += b.src_ntokens
 
-        flags = list(flags) if self.dist.is_main else [0.0] * len(flags)
+        flags = list(flags)
         if self.dist.enabled:
             # One small collective: [loss, nll, ntokens, nsentences, src tokens, *flags].
             stats = torch.tensor([0.0, 0.0, ntok, nsent, nsrc, *flags], dtype=torch.float64,
@@ -147,9 +154,17 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_norm, gnorm)
 
         lr = self.schedule.prepare_step()
+        # One host sync per update, so that NaN/inf never reaches the weights or Adam's
+        # moments. loss_sum and gnorm are all-reduced values: every rank decides alike.
+        nonfinite = ntok > 0 and not bool(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
         skipped = False
         if ntok == 0:
             skipped = True
+        elif nonfinite:
+            skipped = True
+            if self.scaler is not None:
+                # unscale_ recorded the overflow; update() halves the scale (no step taken).
+                self.scaler.update()
         elif self.scaler is not None:
             scale_before = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
@@ -157,11 +172,13 @@ class Trainer:
             skipped = self.scaler.get_scale() < scale_before
         else:
             self.optimizer.step()
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if nonfinite else 0
         if skipped:
             self.num_skipped += 1
         else:
             self.schedule.advance()
-        return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, nsent, nsrc, lr, skipped, flags)
+        return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, nsent, nsrc, lr, skipped, flags,
+                         nonfinite)
 
     @torch.no_grad()
     def valid_step(self, batch: Batch | None) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -1,0 +1,160 @@
+"""The benchmark harness (benchmarks/run_all.py) works end to end in its quick mode.
+
+No timing assertions: only that every section is written, holds positive numbers, and that
+text outside the harness's markers survives.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.data.resources import quickstart_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import fairseq_compare  # noqa: E402
+import run_all  # noqa: E402
+
+
+def section(text: str, name: str) -> str:
+    m = re.search(rf"<!-- bench:{name} -->\n(.*?)\n<!-- /bench:{name} -->", text, re.S)
+    assert m, f"section {name} missing"
+    return m.group(1)
+
+
+def table_rows(body: str) -> list[list[str]]:
+    """Data rows of the markdown tables in a section (header and rule lines dropped)."""
+    rows, lines = [], body.splitlines()
+    for i, line in enumerate(lines):
+        header = i + 1 < len(lines) and lines[i + 1].startswith("|---")
+        if line.startswith("|") and not line.startswith("|---") and not header:
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%").split()[0])
+
+
+def test_run_all_quick(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# Benchmarks\n\nHand-written intro.\n\n<!-- bench:train -->\nold\n"
+                   "<!-- /bench:train -->\n\n## Notes by hand\n\nkeep me\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"),
+                           "--data", str(quickstart_dir()), "--quick", "--threads", "1",
+                           "--out", str(out), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text(encoding="utf-8")
+    assert "Hand-written intro." in text and "keep me" in text and "\nold\n" not in text
+    assert text.index("<!-- bench:train -->") < text.index("## Notes by hand")  # replaced in place
+
+    for name in ("preprocess", "train", "generate", "memory", "fairseq"):
+        body = section(text, name)
+        assert "torch " in body and "threads" in body and re.search(r"\d{4}-\d\d-\d\d", body)
+
+    pre = table_rows(section(text, "preprocess"))
+    assert len(pre) == 1 and number(pre[0][1]) == 2000
+    assert number(pre[0][3]) > 0 and number(pre[0][4]) > 10
+
+    train = table_rows(section(text, "train"))
+    assert len(train) == 1 and train[0][0].startswith("transformer_tiny")
+    for col in (4, 5, 6, 7, 8, 9):                      # tokens/s .. peak RSS
+        assert number(train[0][col]) > 0
+
+    gen_body = section(text, "generate")
+    gen = table_rows(gen_body)
+    beams = [r for r in gen if r[0] in ("1", "4")]
+    assert [r[0] for r in beams] == ["1", "4"]
+    assert all(number(r[1]) > 0 and number(r[2]) >= 0 for r in beams)
+    buckets = [r for r in gen if re.match(r"^(\d+-\d+|>=\d+)$", r[0])]
+    assert buckets and all(number(r[1]) > 0 and number(r[2]) > 0 for r in buckets)
+
+    mem = table_rows(section(text, "memory"))
+    assert {r[0].split(",")[0] for r in mem} >= {"training transformer_tiny", "generation"}
+    assert all(number(r[1]) > 0 for r in mem)
+
+    fs = section(text, "fairseq")
+    assert "not measured in this run" in fs
+    b4 = [r for r in table_rows(fs) if r[0] == "generation beam 4, sentences/s"
+          and r[3].startswith("fairseq")]
+    assert b4 and number(b4[0][4]) > 0                   # a ratio nmt/fairseq
+
+
+def test_replace_section_keeps_other_text():
+    text = "intro\n<!-- bench:a -->\nx\n<!-- /bench:a -->\nmiddle\n"
+    out = run_all.replace_section(text, "a", "new $1 \\1")     # no regex escapes in the body
+    assert out == "intro\n<!-- bench:a -->\nnew $1 \\1\n<!-- /bench:a -->\nmiddle\n"
+    out = run_all.replace_section(out, "b", "bee")
+    assert out.endswith("middle\n\n<!-- bench:b -->\nbee\n<!-- /bench:b -->\n")
+    assert out.startswith("intro\n<!-- bench:a -->\nnew")
+
+
+def test_bad_arguments(tmp_path):
+    script = str(ROOT / "benchmarks" / "run_all.py")
+    for args in (["--data", str(quickstart_dir()), "--only", "train,bogus"],
+                 ["--data", str(tmp_path)]):
+        proc = subprocess.run([sys.executable, script, *args, "--out", str(tmp_path / "B.md")],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "error:" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "B.md").exists()
+
+
+def test_cuda_path_skips_cleanly_without_cuda(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"),
+                           "--data", str(quickstart_dir()), "--device", "cuda",
+                           "--out", str(tmp_path / "B.md")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "skipped" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "B.md").exists()
+
+
+def test_comparison_ratios_use_reference_when_fairseq_is_skipped():
+    small = {"tgt_tokens_per_s": 4072.0, "peak_rss_gb": 0.89}
+    gen = {"beams": {"4": {"sentences_per_s": 33.2, "target_tokens_per_s": 500.0}},
+           "peak_rss_mib": 347.0, "bleu": {"4": 19.43}}
+    rows = fairseq_compare.comparison_rows({"status": "skipped", "reason": "x"}, small, gen)
+    by = {(r["figure"], r["source"].split(":")[0]): r for r in rows}
+    assert by[("training target tokens/s, transformer_small", "fairseq 0.12.2")]["ratio"] == 2.0
+    assert by[("generation beam 4, sentences/s", "fairseq 0.12.2")]["ratio"] == 0.5
+    assert by[("generation peak RSS (MiB)", "fairseq 0.12.2")]["ratio"] == 0.5
+    assert by[("sacreBLEU, test_2016_flickr, beam 4", "fairseq 0.12.2 (its M30K-small model)")][
+        "ratio"] == 1.0
+    assert all(fairseq_compare.REF_SOURCE in r["source"] for r in rows)
+    none = fairseq_compare.comparison_rows({"status": "skipped", "reason": "x"}, None, None)
+    assert all(r["ratio"] is None and r["nmt_text"] is None for r in none)
+
+
+def test_patch_setup_drops_extensions_with_missing_sources(tmp_path, monkeypatch):
+    (tmp_path / "fairseq" / "clib").mkdir(parents=True)
+    (tmp_path / "fairseq" / "clib" / "present.cpp").write_text("")
+    (tmp_path / "setup.py").write_text(
+        'import os\nextensions = [E("a", sources=["fairseq/clib/present.cpp"]),\n'
+        '              E("b", sources=["fairseq/clib/missing.cpp"])]\n'
+        'install_requires = ["torch", "torchaudio>=0.8.0", "tqdm"]\n'
+        'def do_setup(x):\n    return extensions\n')
+    missing = fairseq_compare.patch_setup(tmp_path)
+    assert missing == ["fairseq/clib/missing.cpp"]
+    monkeypatch.chdir(tmp_path)                            # pip builds in the source dir
+    ns = {"E": lambda name, sources: type("Ext", (), {"name": name, "sources": sources})()}
+    exec((tmp_path / "setup.py").read_text(), ns)
+    assert [e.name for e in ns["do_setup"](None)] == ["a"]
+    assert ns["install_requires"] == ["torch", "tqdm"]
+    fairseq_compare.patch_setup(tmp_path)                  # idempotent
+    assert (tmp_path / "setup.py").read_text().count("nmt-bench patch") == 1
+
+
+def test_fairseq_setup_skips_with_one_line_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "no-pyenv"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    res = fairseq_compare.compare(tmp_path / "fs", tmp_path / "bin", install_timeout=30)
+    assert res["status"] == "skipped" and "Python 3.10" in res["reason"]
+    assert "\n" not in res["reason"]
