@@ -75,11 +75,9 @@ def timed_updates(run, warm: int, timed: int) -> tuple[float, float, int]:
     Calls the trainer as the training loop does (collate included in the time), without
     validation or checkpoints.
     """
-    import numpy as np
     import torch
 
     from nmt.data.batching import collate
-    from nmt.training.flops import train_flops
 
     cuda = run.device.type == "cuda"
     flops, ntok, t0 = 0.0, 0, time.perf_counter()
@@ -91,13 +89,9 @@ def timed_updates(run, warm: int, timed: int) -> tuple[float, float, int]:
                 torch.cuda.synchronize(run.device)
             t0 = time.perf_counter()
         if i >= warm:
-            idx = [b for b in group if b is not None]
-            if idx:
-                cat = np.concatenate(idx)
-                s = run.train_ds.src_sizes[cat] + 1
-                t = run.train_ds.tgt_sizes[cat] + 1
-                flops += train_flops(run.model_cfg, s, t, run.tgt_vocab)
-                ntok += int(t.sum())
+            f, n = group_flops(run, group)
+            flops += f
+            ntok += n
         batches = [None if b is None else collate(run.train_ds, b) for b in group]
         stats = run.trainer.train_step(batches)
         if i == warm + timed - 1:
@@ -107,24 +101,32 @@ def timed_updates(run, warm: int, timed: int) -> tuple[float, float, int]:
     return time.perf_counter() - t0, flops, ntok
 
 
-def trained_flops(run, updates: int) -> tuple[float, int]:
-    """FLOPs and target tokens of the first ``updates`` updates (deterministic batches)."""
+def group_flops(run, group) -> tuple[float, int]:
+    """Training FLOPs and target tokens of one update's micro-batches (lists of sentence ids;
+    None = a rank with nothing left), counted on the real lengths plus eos."""
     import numpy as np
 
     from nmt.training.flops import train_flops
 
+    idx = [b for b in group if b is not None]
+    if not idx:
+        return 0.0, 0
+    cat = np.concatenate(idx)
+    s = run.train_ds.src_sizes[cat] + 1
+    t = run.train_ds.tgt_sizes[cat] + 1
+    return train_flops(run.model_cfg, s, t, run.tgt_vocab), int(t.sum())
+
+
+def trained_flops(run, updates: int) -> tuple[float, int]:
+    """FLOPs and target tokens of the first ``updates`` updates (deterministic batches)."""
     total, ntok, done, epoch = 0.0, 0, 0, 1
     uf = run.cfg.update_freq
     while done < updates:
         shard = run.sampler.shard_batches(epoch)
         for start in range(0, len(shard), uf):
-            idx = [b for b in shard[start:start + uf] if b is not None]
-            if idx:
-                cat = np.concatenate(idx)
-                s = run.train_ds.src_sizes[cat] + 1
-                t = run.train_ds.tgt_sizes[cat] + 1
-                total += train_flops(run.model_cfg, s, t, run.tgt_vocab)
-                ntok += int(t.sum())
+            f, n = group_flops(run, shard[start:start + uf])
+            total += f
+            ntok += n
             done += 1
             if done >= updates:
                 break

@@ -6,8 +6,6 @@ checks that the interrupted-and-resumed run ends with exactly the parameters of 
 never interrupted.
 """
 
-import errno
-import json
 import logging
 import os
 import pickle
@@ -20,7 +18,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
