@@ -20,7 +20,7 @@ def keep_freed_memory() -> bool:
     A training step allocates the same large tensors every time (logits of several hundred MB,
     gradients). By default glibc serves each allocation over 32 MB with its own mmap and unmaps it
     on free, so every step page-faults hundreds of MB of zeroed pages back in; on a 2-core CPU
-    that was ~34,000 page faults a second and about 15% of the step time (BENCHMARKS.md). Serving
+    that was ~34,000 page faults a second and about 5% of the step time. Serving
     them from the heap and not trimming it keeps those pages for the next step. Peak memory is
     unchanged; memory freed after the peak is returned only when the process ends. Linux/glibc
     only; set NMT_MALLOC_TUNING=0 to disable.

@@ -7,29 +7,24 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import psutil
 import pytest
+
+from train_support import write_reversal_corpus
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TIMEOUT_MIN = 0.2           # --ddp-timeout: 12 s
 
 
+def _run(args):
+    return subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ddp_faults")
-    rng = np.random.default_rng(0)
-    words = [f"w{i}" for i in range(20)]
-    src = [" ".join(rng.choice(words, size=rng.integers(2, 8))) for _ in range(60)]
-    (tmp / "train.xx").write_text("\n".join(src) + "\n")
-    (tmp / "train.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
-    r = subprocess.run(["nmt-preprocess", "-s", "xx", "-t", "yy", "--trainpref",
-                        str(tmp / "train"), "--destdir", str(tmp / "bin"), "--subword", "none",
-                        "--joined-dictionary", "--workers", "1", "-q"],
-                       capture_output=True, text=True, env=ENV, timeout=120,
-                       stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
+    return write_reversal_corpus(tmp_path_factory.mktemp("ddp_faults"), _run,
+                                 ("--workers", "1", "-q"), valid=False)
 
 
 def _rank_process(launcher: psutil.Process, rank: str) -> psutil.Process | None:

@@ -49,19 +49,21 @@ class FakeData:
         return self._splits[name]
 
 
-def write_reversal_corpus(directory, run, extra_args=()) -> str:
-    """Write a tiny word-reversal corpus (train 60 / valid 8 pairs, languages xx -> yy) under
-    ``directory``, binarize it with the real nmt-preprocess through ``run`` (a subprocess
-    runner returning CompletedProcess) and return the data directory's path."""
+def write_reversal_corpus(directory, run, extra_args=(), valid: bool = True) -> str:
+    """Write a tiny word-reversal corpus (train 60 / valid 8 pairs, languages xx -> yy; no valid
+    split with ``valid=False``) under ``directory``, binarize it with the real nmt-preprocess
+    through ``run`` (a subprocess runner returning CompletedProcess) and return the data
+    directory's path."""
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(20)]
-    for split, n in (("train", 60), ("valid", 8)):
+    for split, n in (("train", 60), ("valid", 8))[:2 if valid else 1]:
         src = [" ".join(rng.choice(words, size=rng.integers(2, 8))) for _ in range(n)]
         (directory / f"{split}.xx").write_text("\n".join(src) + "\n")
         (directory / f"{split}.yy").write_text(
             "\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    valid_args = ["--validpref", str(directory / "valid")] if valid else []
     r = run(["nmt-preprocess", "-s", "xx", "-t", "yy", "--trainpref", str(directory / "train"),
-             "--validpref", str(directory / "valid"), "--destdir", str(directory / "bin"),
+             *valid_args, "--destdir", str(directory / "bin"),
              "--subword", "none", "--joined-dictionary", *extra_args])
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
