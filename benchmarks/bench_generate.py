@@ -34,7 +34,7 @@ def quick_setup(tmp: Path) -> tuple[list[Path], list[str]]:
     import nmt
     from nmt.data.codec import whitespace_codec
     from nmt.data.dictionary import Dictionary
-    from nmt.training.checkpoint import FORMAT_VERSION, save_checkpoint
+    from nmt.checkpoint import make_checkpoint, save_checkpoint
 
     words = [f"w{i}" for i in range(200)]
     codec = whitespace_codec(Dictionary(words))
@@ -43,11 +43,9 @@ def quick_setup(tmp: Path) -> tuple[list[Path], list[str]]:
     v = len(codec.dictionary)
     model = nmt.build_model(cfg, v, v)
     path = tmp / "quick.pt"
-    save_checkpoint({"format_version": FORMAT_VERSION, "nmt_version": nmt.__version__,
-                     "model_config": cfg.to_dict(), "share_all_embeddings": True,
-                     "src_vocab_size": v, "tgt_vocab_size": v, "src_lang": "xx",
-                     "tgt_lang": "yy", "data_dir": "", "src_codec": codec.to_state(),
-                     "tgt_codec": codec.to_state(), "model": model.state_dict()}, path)
+    save_checkpoint(make_checkpoint(model_config=cfg, model_state=model.state_dict(),
+                                    share_all_embeddings=True, src_codec=codec, tgt_codec=codec,
+                                    data_dir=""), path)
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(words, int(rng.integers(1, 25)))) for _ in range(60)]
     return [path], lines
@@ -113,7 +111,7 @@ def main(argv=None) -> int:
     import torch
 
     from nmt.io import read_lines
-    from nmt.search.translator import Translator
+    from nmt.search.translator import BatchConfig, SearchConfig, Translator
 
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
@@ -136,9 +134,10 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for beam in beams:
         t = time.perf_counter()
-        tr = Translator.from_checkpoint(ckpts, device=args.device, beam=beam,
-                                        batch_size=args.batch_size, max_tokens=args.max_tokens,
-                                        precision=args.precision)
+        tr = Translator.from_checkpoint(
+            ckpts, search=SearchConfig(beam=beam),
+            batch=BatchConfig(batch_size=args.batch_size, max_tokens=args.max_tokens),
+            device=args.device, precision=args.precision)
         load_s = time.perf_counter() - t
         timer = StepTimer(tr.ensemble)
         run_once(tr, lines[: min(len(lines), 16)])          # warm-up (allocator, kernels)

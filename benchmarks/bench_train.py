@@ -114,7 +114,7 @@ def group_flops(run, group) -> tuple[float, int]:
     cat = np.concatenate(idx)
     s = run.train_ds.src_sizes[cat] + 1
     t = run.train_ds.tgt_sizes[cat] + 1
-    return train_flops(run.model_cfg, s, t, run.tgt_vocab), int(t.sum())
+    return train_flops(run.model_cfg, s, t, len(run.data.tgt_codec.dictionary)), int(t.sum())
 
 
 def trained_flops(run, updates: int) -> tuple[float, int]:

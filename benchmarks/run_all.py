@@ -255,7 +255,10 @@ def sacrebleu_of(hyp: Path, ref: Path, n: int) -> float:
 
 # --- rendering ------------------------------------------------------------------------------
 def command_line() -> str:
-    return "python benchmarks/run_all.py " + " ".join(sys.argv[1:])
+    # Absolute paths name a build machine's folders: show them relative to the working directory.
+    args = [os.path.relpath(a) if os.path.isabs(a) and os.path.exists(a) else a
+            for a in sys.argv[1:]]
+    return "python benchmarks/run_all.py " + " ".join(args)
 
 
 def render_preprocess(r: dict, head: str) -> str:

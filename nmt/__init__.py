@@ -7,6 +7,10 @@ Python API::
     cfg = nmt.get_arch("transformer_base", {"dropout": 0.3})
     model = nmt.build_model(cfg, src_vocab_size=37000, tgt_vocab_size=37000)
     nmt.Translator.from_checkpoint("checkpoint.pt").translate(["Hello world"])
+
+    from nmt.search.config import BatchConfig, SearchConfig   # unset: the checkpoint's preset
+    nmt.Translator.from_checkpoint("checkpoint.pt", search=SearchConfig(beam=5),
+                                   batch=BatchConfig(max_tokens=4096), device="auto")
 """
 
 from nmt.config import ModelConfig

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 import tempfile
@@ -34,12 +33,8 @@ def iter_lines(path: str | os.PathLike | None, name: str | None = None) -> Itera
     if path is None or str(path) == "-":
         yield from iter_stream(sys.stdin.buffer, name or "<stdin>")
         return
-    p = Path(path)
+    p = check_readable(path, name=name)
     label = name or str(p)
-    if not p.exists():
-        raise NmtError(f"{label}: no such file")
-    if p.is_dir():
-        raise NmtError(f"{label}: is a directory, expected a text file")
     try:
         f = open(p, "rb")
     except OSError as e:
@@ -57,12 +52,19 @@ def read_lines(path: str | os.PathLike | None, name: str | None = None) -> list[
     return list(iter_lines(path, name))
 
 
-def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
+def check_readable(path: str | os.PathLike, what: str = "file", *,
+                   expected: str = "a text file", name: str | None = None) -> Path:
+    """``path`` as a Path if it is a readable file, else a one-line NmtError naming it
+    (``name`` if given): "no such WHAT", "is a directory, expected EXPECTED" or
+    "permission denied". Lets a command refuse bad input before it starts real work."""
     p = Path(path)
+    label = name or str(p)
     if not p.exists():
-        raise NmtError(f"{p}: no such {what}")
+        raise NmtError(f"{label}: no such {what}")
+    if p.is_dir():
+        raise NmtError(f"{label}: is a directory, expected {expected}")
     if not os.access(p, os.R_OK):
-        raise NmtError(f"{p}: permission denied")
+        raise NmtError(f"{label}: permission denied")
     return p
 
 
@@ -123,40 +125,69 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 class LineWriter:
-    """Writes output lines to stdout or a file, flushing per batch, UTF-8, '\\n' endings."""
+    """Writes output lines to stdout or a file, flushing per batch, UTF-8, '\\n' endings.
+
+    A failure to write (full disk, quota, I/O error) is a one-line NmtError naming the output,
+    wherever it shows: at a write, at a flush or at the flush of :meth:`close` (a redirected
+    stdout is buffered, so a full disk often shows only there). A closed pipe stays
+    BrokenPipeError (the commands stop quietly on it).
+    """
 
     def __init__(self, path: str | os.PathLike | None):
         self.path = None if path in (None, "-") else Path(path)
+        self.name = "<stdout>" if self.path is None else str(self.path)
         if self.path is None:
-            self._f = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n",
-                                       write_through=True)
+            self._f: IO[bytes] = sys.stdout.buffer
             self._own = False
         else:
             try:
-                self._f = open(self.path, "w", encoding="utf-8", newline="\n")
+                self._f = open(self.path, "wb")
             except OSError as e:
                 raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
             self._own = True
 
-    def write(self, line: str) -> None:
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
         try:
-            self._f.write(line + "\n")
+            yield
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise NmtError(f"{self.path or '<stdout>'}: cannot write ({e.strerror or e})") from None
+            if not self._own:
+                discard_stdout(self._f)
+            raise NmtError(f"{self.name}: cannot write ({e.strerror or e})") from None
+
+    def write(self, line: str) -> None:
+        with self._writing():
+            self._f.write(line.encode("utf-8") + b"\n")
 
     def flush(self) -> None:
-        try:
+        with self._writing():
             self._f.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise NmtError(f"{self.path or '<stdout>'}: cannot write ({e.strerror or e})") from None
 
     def close(self) -> None:
-        self._f.flush()
-        if self._own:
-            self._f.close()
-        else:
-            self._f.detach()
+        """Flush; close the file (stdout stays open)."""
+        try:
+            self.flush()
+        finally:
+            if self._own:
+                try:
+                    self._f.close()
+                except OSError:
+                    pass        # close retried the flush that has just failed and said why
+
+
+def discard_stdout(stream: IO[bytes]) -> None:
+    """After a failed write to stdout: what is left in its buffer can never be written; point
+    the descriptor at /dev/null so that the interpreter's last flush does not fail (and print)
+    a second time after the one-line error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError):       # no descriptor (an in-memory stream)
+        pass
+    finally:
+        os.close(devnull)

@@ -6,9 +6,11 @@ click's CliRunner), then a full disk simulated at the moment each command saves 
 """
 
 import errno
+import io
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -271,7 +273,10 @@ def test_full_disk_when_the_output_is_synced(f, tmp_path, monkeypatch, prog):
         args = [f["ckpt"], "-i", f["good"], "--output", out_path, "--threads", "1"]
     else:
         out_path = tmp_path / "avg.pt"
-        args = ["--average", f["ckpt"], f["ckpt"], "--output", out_path]
+        twin = f["dir"] / "ckpt_copy.pt"     # a second file: the same file twice is refused
+        if not twin.exists():
+            shutil.copyfile(f["ckpt"], twin)
+        args = ["--average", f["ckpt"], twin, "--output", out_path]
     code, out, err = invoke(prog.split()[0], args)
     assert_one_line_error(prog.split()[0], code, err, ["No space left"])
     assert str(tmp_path) in err
@@ -280,16 +285,52 @@ def test_full_disk_when_the_output_is_synced(f, tmp_path, monkeypatch, prog):
     assert list(tmp_path.iterdir()) == []                         # no temporaries either
 
 
-@pytest.mark.parametrize("prog", ["nmt-score", "nmt-generate"])
-def test_full_disk_on_stdout(f, monkeypatch, prog):
-    import nmt.io
+class _FullDevice(io.RawIOBase):
+    """The device under a redirected stdout, full: the kernel refuses every write (ENOSPC).
+    Only this lowest layer is simulated; the commands write through Python's real buffered
+    (or, as under ``python -u``, unbuffered) stdout. ``full = False`` empties it afterwards."""
 
-    if prog == "nmt-score":
-        monkeypatch.setattr(nmt.io.LineWriter, "write", _no_space)
-        args = ["--ref", f["good"], "--hyp", f["good"]]
-    else:
-        import nmt.cli.generate as g
-        monkeypatch.setattr(g, "format_result", _no_space)
-        args = [f["ckpt"], "-i", f["good"], "--threads", "1"]
-    code, out, err = invoke(prog, args)
-    assert_one_line_error(prog, code, err, ["No space left"])
+    full = True
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        if self.full:
+            _no_space()
+        return len(b)
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("prog", ["nmt-score", "nmt-generate"])
+def test_full_disk_on_stdout(f, capsys, prog, buffered):
+    # Buffered (a redirected stdout): small output fails only when flushed, for nmt-score in
+    # LineWriter.close; unbuffered: at the first write.
+    args = (["--ref", f["good"], "--hyp", f["good"]] if prog == "nmt-score"
+            else [f["ckpt"], "-i", f["good"], "--threads", "1"])
+    device = _FullDevice()
+    stdout = io.TextIOWrapper(io.BufferedWriter(device) if buffered else device,
+                              encoding="utf-8", write_through=True)
+    real_stdout, sys.stdout = sys.stdout, stdout
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            CLIS[prog].main([str(a) for a in args], prog_name=prog, standalone_mode=False)
+    finally:
+        sys.stdout = real_stdout
+        device.full = False
+    err = capsys.readouterr().err
+    assert_one_line_error(prog, exit_.value.code, err, ["<stdout>: cannot write",
+                                                        "No space left"])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_full_disk_when_a_line_writer_closes_its_file():
+    # A few lines stay in the file's buffer: the disk is found full by the flush in close().
+    from nmt.errors import NmtError
+    from nmt.io import LineWriter
+
+    out = LineWriter("/dev/full")
+    out.write("a line")
+    with pytest.raises(NmtError, match=r"^/dev/full: cannot write \(No space left"):
+        out.close()
+    assert out._f.closed

@@ -7,8 +7,8 @@ import torch
 import nmt
 from nmt.errors import NmtError
 from nmt.training.average import average_checkpoints
-from nmt.training.checkpoint import (FORMAT_VERSION, load_checkpoint, load_model_from_checkpoint,
-                                     save_checkpoint)
+from nmt.checkpoint import (load_checkpoint, load_model_from_checkpoint, make_checkpoint,
+                            save_checkpoint)
 
 from train_support import FakeData
 
@@ -19,12 +19,12 @@ def make_ckpt(seed: int) -> dict:
     cfg = nmt.get_arch("transformer_tiny")
     v = len(data.src_codec.dictionary)
     model = nmt.build_model(cfg, v, v, share_all_embeddings=True)
-    return {"format_version": FORMAT_VERSION, "nmt_version": nmt.__version__,
-            "model_config": cfg.to_dict(), "share_all_embeddings": True,
-            "src_vocab_size": v, "tgt_vocab_size": v, "src_lang": "xx", "tgt_lang": "yy",
-            "data_dir": "fake", "src_codec": data.src_codec.to_state(),
-            "tgt_codec": data.tgt_codec.to_state(), "model": model.state_dict(),
-            "optimizer": {"state": {}, "param_groups": []}, "progress": {"update": seed}}
+    return make_checkpoint(model_config=cfg, model_state=model.state_dict(),
+                           share_all_embeddings=True, src_codec=data.src_codec,
+                           tgt_codec=data.tgt_codec, src_lang="xx", tgt_lang="yy",
+                           data_dir="fake",
+                           training={"optimizer": {"state": {}, "param_groups": []},
+                                     "progress": {"update": seed}})
 
 
 def test_roundtrip_and_model_rebuild(tmp_path):
@@ -63,6 +63,28 @@ def test_average_refuses_different_models(tmp_path):
     pb = save_checkpoint(b, tmp_path / "b.pt")
     with pytest.raises(NmtError, match="configuration differs"):
         average_checkpoints([pa, pb])
+
+
+def test_average_refuses_the_same_file_twice(tmp_path):
+    # checkpoint_last.pt is a hard link to the newest numbered checkpoint: a glob such as
+    # checkpoint_*.pt would give it twice and weigh it double.
+    paths = [save_checkpoint(make_ckpt(s), tmp_path / f"checkpoint_{s}.pt") for s in (1, 2)]
+    last = tmp_path / "checkpoint_last.pt"
+    try:
+        os.link(paths[-1], last)
+    except OSError:
+        pytest.skip("no hard links on this file system")
+    for bad in ([*paths, last], [paths[0], paths[0]]):
+        with pytest.raises(NmtError, match="same file as .* averaged twice"):
+            average_checkpoints(bad)
+    from click.testing import CliRunner
+
+    from nmt.cli.train import main as train_main
+    r = CliRunner().invoke(train_main, ["--average", *map(str, paths), str(last),
+                                        "--output", str(tmp_path / "avg.pt")])
+    assert r.exit_code != 0 and "same file as" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "avg.pt").exists()
+    assert len(average_checkpoints(paths)["averaged_from"]) == 2
 
 
 class Evil:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -38,6 +39,19 @@ def commands(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line and not line.startswith("#")]
 
 
+def averaged_by(command: str, save_dir: Path, updates: range) -> list[str]:
+    """Run the $(...) of a printed `nmt-train --average $(ls ... | sort -V | tail -n N)` with
+    bash in ``save_dir`` filled with numbered checkpoints plus checkpoint_best/last.pt."""
+    m = re.search(r"--average \$\((.*?)\) --output", command)
+    assert m, command
+    save_dir.mkdir(parents=True)
+    for name in [*(f"checkpoint_{u}.pt" for u in updates), "checkpoint_best.pt",
+                 "checkpoint_last.pt", "averaged_last5.pt"]:
+        (save_dir / name).touch()
+    p = subprocess.run(["bash", "-c", m.group(1)], capture_output=True, text=True, check=True)
+    return [Path(x).name for x in p.stdout.split()]
+
+
 # --- dry runs: the whole chain of commands, each parsed by the real click command -----------
 
 def test_wmt14_en_de_dry_run_base_one_gpu(tmp_path):
@@ -60,6 +74,9 @@ def test_wmt14_en_de_dry_run_base_one_gpu(tmp_path):
     # Downloads are described, with the published md5 of the test sets.
     assert "a8cd784e006feb32ac6f3d9ec7eb389a" in out and "europarl-v7" in out
     assert not (tmp_path / "w").exists(), "a dry run must not write anything"
+    # Only numbered checkpoints, the last 5 by update (best/last would count one twice).
+    assert averaged_by(avg, tmp_path / "w" / "checkpoints-base", range(1400, 15401, 1400)) == \
+        [f"checkpoint_{u}.pt" for u in (9800, 11200, 12600, 14000, 15400)]
 
 
 def test_wmt14_big_models_multi_gpu_dry_run(tmp_path):
@@ -69,6 +86,8 @@ def test_wmt14_big_models_multi_gpu_dry_run(tmp_path):
     assert "--arch transformer_big" in de[0] and "--max-update 300000" in de[0]
     assert "--update-freq 1" in de[0] and "dropout" not in de[0]
     assert "tail -n 20" in de[1]
+    assert averaged_by(de[1], tmp_path / "checkpoints-big", range(600, 15001, 600)) == \
+        [f"checkpoint_{u}.pt" for u in range(3600, 15001, 600)]
     fr = commands(run_example("wmt14_en_fr/run.py", "--dry-run", "--model", "big", "--gpus", 2,
                               "--stages", "preprocess,train", "--work-dir", tmp_path).stdout)
     assert "--subword wordpiece" in fr[0] and "--vocab-size 32000" in fr[0]
@@ -86,6 +105,24 @@ def test_multi30k_dry_run(tmp_path):
     assert "--beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50" in gen
     assert "test_2016_flickr" in gen and "--metric bleu" in score
     assert "raw.githubusercontent.com/multi30k/dataset" in out
+
+
+def test_multi30k_converge_dry_run_en_fr(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "converge", "--target", "fr", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    pre, train, gen, score = commands(out)
+    assert "-s en -t fr" in pre and "val.fr" in out and "test_2016_flickr.fr" in out
+    for opt in ("--arch transformer_small -o dropout=0.3", "--max-update 3000", "--warmup 1000",
+                "--lr-scale 1.5", "--average-last 5", "--valid-bleu"):
+        assert opt in train
+    assert "checkpoints-converge/checkpoint_avg5.pt" in gen and "hyp.fr" in gen
+    assert "--metric bleu,chrf,tok-bleu --lang fr" in score
+
+
+def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
+    p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)
+    assert "BLEU|nrefs:1" in p.stdout and "chrF2" in p.stdout
+    assert fetch.count_lines(tmp_path / "results-tiny" / "test_2016_flickr.hyp.fr") == 15
 
 
 def test_validate_command_rejects_bad_options():

@@ -13,7 +13,7 @@ from nmt.cli.generate import main as generate_main
 from nmt.cli.preprocess import main as preprocess_main
 from nmt.cli.score import main as score_main
 from nmt.cli.train import main as train_main
-from nmt.search.translator import Translator
+from nmt.search.translator import BatchConfig, SearchConfig, Translator
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -61,8 +61,9 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def translator(ckpt):
     # Short outputs and sources keep the examples fast; truncation itself is exercised.
-    return Translator.from_checkpoint(ckpt, device="cpu", beam=2, max_len_a=0, max_len_b=8,
-                                      max_source_len=64)
+    return Translator.from_checkpoint(ckpt, device="cpu",
+                                      search=SearchConfig(beam=2, max_len_a=0, max_len_b=8),
+                                      batch=BatchConfig(max_source_len=64))
 
 
 @SETTINGS

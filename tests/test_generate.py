@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from nmt.cli.generate import main
 from nmt.search.translator import Translator
-from nmt.training.checkpoint import save_checkpoint
+from nmt.checkpoint import save_checkpoint
 
 from test_translator import make_checkpoint, mixed_lines
 

@@ -58,6 +58,50 @@ def test_parameter_counts_at_shared_37k_vocab(arch, expected):
     assert abs(n - expected) / expected < 0.02, n
 
 
+def analytic_parameter_count(cfg: ModelConfig, src_vocab: int, tgt_vocab: int,
+                             shared: bool) -> int:
+    """Weights of a post-norm Transformer with sinusoidal positions, counted by hand.
+
+    Attention: Q, K, V projections d -> h*d_k, h*d_k, h*d_v and the output h*d_v -> d, all with
+    biases. FFN: d -> d_ff -> d with biases. LayerNorm: gain and bias (2d), after each
+    sublayer (2 per encoder layer, 3 per decoder layer). Embeddings: V x d, the target one also
+    the output projection (no bias); one matrix for both sides when shared.
+    """
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.heads
+    dk = cfg.d_k if cfg.d_k is not None else d // h
+    dv = cfg.d_v if cfg.d_v is not None else d // h
+    attention = d * (2 * h * dk + h * dv) + (2 * h * dk + h * dv) + h * dv * d + d
+    ffn = d * f + f + f * d + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    embeddings = src_vocab * d if shared else (src_vocab + tgt_vocab) * d
+    return (cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer
+            + embeddings)
+
+
+@pytest.mark.parametrize("arch", nmt.list_archs())
+def test_parameter_count_of_every_preset_matches_the_formula(arch):
+    cfg = nmt.get_arch(arch)
+    # the formula's assumptions: what every preset uses
+    assert not cfg.pre_norm and cfg.positional == "sinusoidal"
+    assert parameter_count(cfg, 37000) == analytic_parameter_count(cfg, 37000, 37000, True)
+    assert parameter_count(cfg, 37000, 30000, share_all_embeddings=False) == \
+        analytic_parameter_count(cfg, 37000, 30000, False)
+
+
+def test_parameter_count_formula_by_hand():
+    # transformer_base at a shared 37k vocabulary, term by term: 37000*512 embeddings,
+    # 6 * (4*512^2 + 4*512 + 2*512*2048 + 2048 + 512 + 4*512) encoder,
+    # 6 * (8*512^2 + 8*512 + 2*512*2048 + 2048 + 512 + 6*512) decoder.
+    assert analytic_parameter_count(nmt.get_arch("transformer_base"), 37000, 37000, True) == \
+        18_944_000 + 6 * 3_152_384 + 6 * 4_204_032 == 63_082_496
+    # a real (allocated) model agrees too
+    model = nmt.build_model("transformer_tiny", V, V)
+    assert count_parameters(model) == sum(p.numel() for p in model.parameters()) == \
+        analytic_parameter_count(model.cfg, V, V, True)
+
+
 def test_shared_embeddings_are_one_matrix():
     model = nmt.build_model("transformer_tiny", V, V, share_all_embeddings=True)
     assert model.src_embed.weight is model.tgt_embed.weight

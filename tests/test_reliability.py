@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from nmt.cli.generate import main as generate_main
 from nmt.cli.train import main as train_main
 from nmt.errors import NmtError
-from nmt.training.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint
 from nmt.training.loop import TrainConfig, TrainingInterrupted, train
 from nmt.training.trainer import Trainer
 

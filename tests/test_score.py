@@ -132,6 +132,38 @@ def test_tok_bleu_cli(tmp_path):
     assert "(BP=0.779, ratio=0.800, hyp_len=8, ref_len=10)" in r.stdout
 
 
+def test_tok_bleu_normalizes_quotes_on_both_sides(tmp_path):
+    # The model writes ASCII quotes (its training text was punctuation-normalized); the raw
+    # newstest2014 reference keeps German quotes. tok-bleu maps both sides to ASCII by default.
+    (tmp_path / "h").write_text('"Hallo", sagte er, \'ja\' und Peter\'s Haus.\n', encoding="utf-8")
+    (tmp_path / "r").write_text("„Hallo“, sagte er, ‚ja‘ und Peter’s Haus.\n", encoding="utf-8")
+    args = ["-i", tmp_path / "h", "-r", tmp_path / "r", "-m", "tok-bleu", "--lang", "de", "--json"]
+    on = run(args)
+    assert on.exit_code == 0, on.output
+    on = json.loads(on.stdout)
+    assert on["score"] == 100.0 and "|quotes:ascii|" in on["signature"]
+    off = run([*args, "--no-normalize-quotes"])
+    assert off.exit_code == 0, off.output
+    off = json.loads(off.stdout)
+    assert off["score"] < 100.0 and "|quotes:raw|" in off["signature"]
+    # The flag lasts for one invocation only, and sentence scores follow it too.
+    assert json.loads(run(args).stdout)["score"] == 100.0
+    sent = run([*args, "--sentence", "--no-normalize-quotes"])
+    assert sent.exit_code == 0 and json.loads(sent.stdout.splitlines()[0])["tok-bleu"] < 100
+    # Library: the same mapping, before tokenization (so the quotes are split and escaped as
+    # ASCII ones), and to tokenizer.perl's escapes for already tokenized text.
+    assert prepare("„Hallo“", "de") == prepare('"Hallo"', "de") == "&quot; Hallo &quot;"
+    assert prepare("l’homme « oui »", "fr") == prepare("l'homme \"oui\"", "fr")
+    assert prepare("„ Hallo “ it’s", tokenize=False) == prepare('" Hallo " it\'s', tokenize=False) \
+        == prepare("&quot; Hallo &quot; it&apos;s", tokenize=False) \
+        == "&quot; Hallo &quot; it&apos;s"
+    assert prepare("„x“", "de", normalize_quotes=False) == "„ x “"
+    assert tok_bleu(['"Hallo", sagte er.'], [["„Hallo“, sagte er."]], "de",
+                    normalize_quotes=False).score < 100
+    # The double prime is not a quotation mark.
+    assert prepare("5″", "de") == prepare("5″", "de", normalize_quotes=False) == "5 ″"
+
+
 def test_bracket_f1_cli(tmp_path):
     gold, test = FIX / "evalb_cases.gold", FIX / "evalb_cases.test"
     r = run(["-i", test, "-r", gold, "-m", "bracket-f1", "--json", "--no-retag"])

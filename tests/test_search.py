@@ -94,7 +94,7 @@ def run(dist, keys, **kw):
     kw.setdefault("max_len_a", 0.0)
     kw.setdefault("max_len_b", 10)
     src = torch.tensor([[k, EOS] for k in keys])
-    return beam_search(EnsembleModel([ScriptedModel(dist)]), src, SearchConfig(**kw))
+    return beam_search(EnsembleModel([ScriptedModel(dist)]), src, SearchConfig(**kw).resolve())
 
 
 def test_length_penalty_values():
@@ -323,8 +323,8 @@ class UncachedState:
         return UncachedState(self.enc.select(keep), self.prefix.index_select(0, rows), g)
 
 
-class Uncached:
-    """The real model without its KV cache: every step reruns the decoder on the whole prefix."""
+class Wrapped:
+    """The real model behind the search's model interface; subclasses change one part."""
 
     def __init__(self, model):
         self.model = model
@@ -332,6 +332,10 @@ class Uncached:
 
     def encode(self, src):
         return self.model.encode(src)
+
+
+class Uncached(Wrapped):
+    """The real model without its KV cache: every step reruns the decoder on the whole prefix."""
 
     def init_state(self, enc, group=1):
         return UncachedState(enc, torch.zeros(enc.out.size(0) * group, 0, dtype=torch.long),
@@ -359,14 +363,51 @@ def test_cached_decoding_equals_uncached(positional):
             assert hc.token_scores == pytest.approx(hp.token_scores, abs=1e-4)
 
 
+class NeverStops(Wrapped):
+    """The real model, except that it never wants to stop: its eos logit is lowered by 30
+    (p(eos) < 1e-13 of the likeliest token's), so only the length limit ends a hypothesis."""
+
+    def init_state(self, enc, group=1):
+        return self.model.init_state(enc, group=group)
+
+    def decode(self, prev, state):
+        logits, state = self.model.decode(prev, state)
+        lower = torch.zeros(logits.size(-1), dtype=logits.dtype)
+        lower[EOS] = 30.0
+        return logits - lower, state
+
+
 @torch.inference_mode()
-def test_max_length_respects_learned_positions():
-    model = tiny_model(positional="learned", max_positions=6)
-    src = random_src(3, seed=4, max_len=4)
-    res = beam_search(EnsembleModel([model]), src,
-                      SearchConfig(beam=2, max_len_a=1.0, max_len_b=50))
-    # the decoder reads at most 6 positions: bos + 5 tokens, so at most 5 tokens including eos
-    assert all(len(r[0].tokens) <= 6 for r in res)
+@pytest.mark.parametrize("positional, max_positions, a, b, src_len", [
+    ("learned", 6, 1.0, 50, 4),         # every sentence capped by the positions: 5 + eos
+    ("learned", 8, 1.5, 1, 7),          # floor(1.5 n + 1) for short sources, 7 for long ones
+    ("sinusoidal", None, 0.7, 2, 9),    # no position limit: floor(0.7 n + 2) alone
+])
+def test_max_length_respects_learned_positions(positional, max_positions, a, b, src_len):
+    model = tiny_model(positional=positional, max_positions=max_positions or 64)
+    assert model.max_positions == max_positions
+    src = random_src(12, seed=4, max_len=src_len)
+    res = beam_search(EnsembleModel([NeverStops(model)]), src,
+                      SearchConfig(beam=2, nbest=2, max_len_a=a, max_len_b=b).resolve())
+    capped = 0
+    for row, hyps in zip(src, res):
+        n = int(row.ne(PAD).sum()) - 1                  # source length without eos
+        limit = math.floor(a * n + b)
+        if max_positions is not None and limit > max_positions - 1:
+            # the decoder reads bos + max_len tokens, at most max_positions positions
+            limit, capped = max_positions - 1, capped + 1
+        for h in hyps:
+            # exactly the capped length, then the forced eos (and no eos before it)
+            assert len(h.tokens) == limit + 1, (n, h.tokens)
+            assert h.tokens[-1] == EOS and EOS not in h.tokens[:-1]
+            assert math.isfinite(h.score)
+    assert len(res) == 12
+    if max_positions is None:
+        assert capped == 0
+    elif b == 50:
+        assert capped == 12
+    else:
+        assert 0 < capped < 12                          # both limits were exercised
 
 
 @torch.inference_mode()
@@ -379,5 +420,5 @@ def test_ensemble_averages_probabilities():
     p1 = torch.softmax(m1(src, torch.full((4, 1), BOS))[:, -1], -1)
     p2 = torch.softmax(m2(src, torch.full((4, 1), BOS))[:, -1], -1)
     assert torch.allclose(p, (p1 + p2) / 2, atol=1e-6)
-    res = beam_search(ens, src, SearchConfig(beam=3, max_len_b=5))
+    res = beam_search(ens, src, SearchConfig(beam=3, max_len_b=5).resolve())
     assert all(r[0].tokens[-1] == EOS for r in res)

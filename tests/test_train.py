@@ -5,7 +5,7 @@ import torch
 
 import nmt
 from nmt.data.batching import collate
-from nmt.training.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint
 from nmt.training.loop import TrainConfig, train
 from nmt.training.loss import label_smoothed_nll_loss
 from nmt.training.optim import InverseSqrtSchedule, make_optimizer, noam_lr

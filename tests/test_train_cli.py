@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from nmt.cli.train import main as train_main
-from nmt.training.checkpoint import load_checkpoint, load_model_from_checkpoint
+from nmt.checkpoint import load_checkpoint, load_model_from_checkpoint
 from train_support import write_reversal_corpus
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.training.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 

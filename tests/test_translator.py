@@ -12,8 +12,9 @@ import nmt
 from nmt.data.codec import whitespace_codec
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError, UsageError
-from nmt.search.translator import Translator
-from nmt.training.checkpoint import FORMAT_VERSION, save_checkpoint
+from nmt.search.translator import BatchConfig, SearchConfig, Translator
+from nmt import checkpoint as ckpt_io
+from nmt.checkpoint import save_checkpoint
 
 WORDS = [f"w{i}" for i in range(30)]
 EOS = 2
@@ -32,13 +33,9 @@ def make_checkpoint(path, seed=0, words=WORDS, data_dir="", codec=None, **overri
     """A tiny untrained checkpoint in the real format (whitespace codec over ``words``)."""
     codec = codec or whitespace_codec(Dictionary(words))
     model, cfg = make_model(len(codec.dictionary), seed, **overrides)
-    save_checkpoint({"format_version": FORMAT_VERSION, "nmt_version": nmt.__version__,
-                     "model_config": cfg.to_dict(), "share_all_embeddings": True,
-                     "src_vocab_size": len(codec.dictionary),
-                     "tgt_vocab_size": len(codec.dictionary),
-                     "src_lang": "xx", "tgt_lang": "yy", "data_dir": data_dir,
-                     "src_codec": codec.to_state(), "tgt_codec": codec.to_state(),
-                     "model": model.state_dict()}, path)
+    save_checkpoint(ckpt_io.make_checkpoint(
+        model_config=cfg, model_state=model.state_dict(), share_all_embeddings=True,
+        src_codec=codec, tgt_codec=codec, src_lang="xx", tgt_lang="yy", data_dir=data_dir), path)
     return path
 
 
@@ -60,7 +57,7 @@ def ckpt(tmp_path_factory):
 
 
 def test_order_count_and_empty_lines(ckpt):
-    t = Translator.from_checkpoint(ckpt, batch_size=8)
+    t = Translator.from_checkpoint(ckpt, batch=BatchConfig(batch_size=8))
     lines = mixed_lines()
     out = t.translate(lines)
     assert len(out) == len(lines)
@@ -79,7 +76,8 @@ def test_same_output_for_any_batch_size(ckpt):
     runs = []
     for kw in ({"batch_size": 1}, {"batch_size": 7}, {"batch_size": 64},
                {"max_tokens": 25}, {"batch_size": 5, "max_tokens": 40}):
-        res = Translator.from_checkpoint(ckpt, nbest=2, **kw).translate_results(lines)
+        res = Translator.from_checkpoint(ckpt, search=SearchConfig(nbest=2),
+                                         batch=BatchConfig(**kw)).translate_results(lines)
         runs.append([[(h.ids, h.score) for h in r.hypotheses] for r in res])
     ids = [[[h[0] for h in r] for r in run] for run in runs]
     assert all(x == ids[0] for x in ids[1:])           # the same translations, exactly
@@ -92,7 +90,8 @@ def test_defaults_come_from_the_checkpoint_and_can_be_overridden(ckpt):
     t = Translator.from_checkpoint(ckpt)
     s = t.search
     assert (s.beam, s.lenpen, s.max_len_a, s.max_len_b) == (4, 0.6, 1.0, 8)
-    t = Translator.from_checkpoint(ckpt, beam=2, lenpen=0.0, max_len_a=0.5, max_len_b=3)
+    t = Translator.from_checkpoint(
+        ckpt, search=SearchConfig(beam=2, lenpen=0.0, max_len_a=0.5, max_len_b=3))
     s = t.search
     assert (s.beam, s.lenpen, s.max_len_a, s.max_len_b) == (2, 0.0, 0.5, 3)
     assert all(len(r.hypotheses[0].ids) <= 0.5 * 3 + 3 + 1
@@ -101,7 +100,7 @@ def test_defaults_come_from_the_checkpoint_and_can_be_overridden(ckpt):
 
 
 def test_rich_results(ckpt):
-    t = Translator.from_checkpoint(ckpt, nbest=3)
+    t = Translator.from_checkpoint(ckpt, search=SearchConfig(nbest=3))
     res = t.translate_results(["w3 w4 w5", ""])
     r = res[0]
     assert len(r.hypotheses) == 3 and r.source == "w3 w4 w5"
@@ -130,19 +129,21 @@ def test_overlong_source_is_truncated_with_a_warning(tmp_path, caplog):
     assert len(res[1].hypotheses[0].ids) <= 9 + 1          # the decoder's positions, too
     # the truncated line translates as its first 9 words do
     assert res[1].text == t.translate([" ".join(WORDS[:9])])[0]
-    t2 = Translator.from_checkpoint(make_checkpoint(tmp_path / "s.pt"), max_source_len=3)
+    t2 = Translator.from_checkpoint(make_checkpoint(tmp_path / "s.pt"),
+                                    batch=BatchConfig(max_source_len=3))
     assert t2.max_source_len == 3 and t2.translate_results([long_line])[0].truncated
 
 
 def test_ensemble(tmp_path, ckpt):
     other = make_checkpoint(tmp_path / "other.pt", seed=3)
     lines = mixed_lines(12, seed=4)
-    ens = Translator.from_checkpoint([ckpt, other], beam=3)
+    ens = Translator.from_checkpoint([ckpt, other], search=SearchConfig(beam=3))
     out = ens.translate(lines)
     assert len(out) == len(lines) and len(ens.ensemble) == 2
     # an ensemble of two identical models is that model
-    same = Translator.from_checkpoint([ckpt, ckpt], beam=3).translate_results(lines)
-    single = Translator.from_checkpoint(ckpt, beam=3).translate_results(lines)
+    same = Translator.from_checkpoint([ckpt, ckpt], search=SearchConfig(beam=3)).translate_results(
+        lines)
+    single = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=3)).translate_results(lines)
     for a, b in zip(same, single):
         assert a.text == b.text
         if a.hypotheses:
@@ -156,9 +157,9 @@ def test_bad_options_and_ids(ckpt):
     with pytest.raises(UsageError, match="needs a GPU"):
         Translator.from_checkpoint(ckpt, precision="fp16", device="cpu")
     with pytest.raises(UsageError):
-        Translator.from_checkpoint(ckpt, batch_size=0)
+        Translator.from_checkpoint(ckpt, batch=BatchConfig(batch_size=0))
     with pytest.raises(UsageError):
-        Translator.from_checkpoint(ckpt, nbest=9)
+        Translator.from_checkpoint(ckpt, search=SearchConfig(nbest=9))
     t = Translator.from_checkpoint(ckpt)
     with pytest.raises(NmtError, match="line 2"):
         t.translate_ids([[5, 6], [5, 999]])
@@ -169,6 +170,60 @@ def test_bad_options_and_ids(ckpt):
 def test_greedy_is_beam_one(ckpt):
     """Beam 1 through the Translator stops at the first eos, whatever the length penalty."""
     lines = mixed_lines(10, seed=7)
-    a = Translator.from_checkpoint(ckpt, beam=1, lenpen=0.0).translate(lines)
-    b = Translator.from_checkpoint(ckpt, beam=1, lenpen=1.0).translate(lines)
+    a = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=1, lenpen=0.0)).translate(lines)
+    b = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=1, lenpen=1.0)).translate(lines)
     assert a == b
+
+
+def test_one_device_resolver_and_precision_table(monkeypatch):
+    """nmt.runtime: what Translator, nmt-generate and nmt-train (pick_device) all use."""
+    from nmt.runtime import PRECISIONS, check_precision, precision_dtype, resolve_device
+    from nmt.training.distributed import DistInfo, pick_device
+
+    cpu = torch.device("cpu")
+    assert PRECISIONS == ("fp32", "bf16", "fp16")
+    assert precision_dtype("bf16") is torch.bfloat16
+    assert check_precision("fp32", cpu) is torch.float32
+    with pytest.raises(UsageError, match="unknown precision 'fp8'"):
+        check_precision("fp8", cpu)
+    with pytest.raises(UsageError, match="needs a CUDA device"):
+        check_precision("bf16", cpu, training=True)
+    monkeypatch.setattr("nmt.runtime.cpu_has_native_bf16", lambda: True)
+    assert check_precision("bf16", cpu) is torch.bfloat16          # inference only
+    with pytest.raises(UsageError, match="needs a GPU"):
+        check_precision("fp16", cpu)
+    with pytest.raises(UsageError, match="unknown device 'tpu9'"):
+        resolve_device("tpu9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device(None) == cpu
+    assert pick_device("auto", DistInfo(1, 2, 1)) == cpu
+    with pytest.raises(UsageError, match="no CUDA GPU"):
+        pick_device("cuda", DistInfo())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda", local_rank=3) == torch.device("cuda", 1)
+    assert resolve_device("cuda:0", local_rank=3) == torch.device("cuda", 0)
+
+
+def test_search_config_resolves_against_the_preset(ckpt):
+    from nmt.search.config import GenerateConfig
+
+    preset = nmt.get_arch("transformer_tiny", {"max_len_b": 8})
+    s = SearchConfig(beam=2).resolve(preset)
+    assert (s.beam, s.lenpen, s.max_len_a, s.max_len_b, s.unset) == (2, 0.6, 1.0, 8, [])
+    assert SearchConfig().resolve().beam == 4                       # the paper's by default
+    with pytest.raises(UsageError, match="nbest"):
+        SearchConfig(nbest=3).resolve(nmt.get_arch("transformer_tiny", {"beam": 2}))
+    with pytest.raises(ValueError, match="resolved"):
+        from nmt.search.generator import beam_search
+        beam_search(None, torch.zeros(1, 1, dtype=torch.long), SearchConfig(beam=2))
+    # a Translator built from models resolves against the first model's preset
+    t = Translator.from_checkpoint(ckpt)
+    direct = Translator(t.ensemble.models, t.src_codec, t.tgt_codec,
+                        search=SearchConfig(nbest=2), batch=BatchConfig(batch_size=3))
+    assert direct.search == SearchConfig(4, 0.6, 1.0, 8, 2) and direct.batch_size == 3
+    cfg = GenerateConfig(beam=3, max_tokens=100)
+    assert cfg.search == SearchConfig(beam=3) and cfg.batch == BatchConfig(max_tokens=100)
+    with pytest.raises(UsageError):
+        GenerateConfig(batch_size=0)

@@ -16,21 +16,11 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from nmt.data.moses import punct_normalizer
 from nmt.errors import NmtError
 from nmt.io import iter_lines
 
 log = logging.getLogger("recipe.text")
-
-_normalizers: dict[str, object] = {}
-
-
-def _normalizer(lang: str):
-    if lang not in _normalizers:
-        from sacremoses import MosesPunctNormalizer
-
-        _normalizers[lang] = MosesPunctNormalizer(lang)
-    return _normalizers[lang]
-
 
 def remove_non_printing(line: str) -> str:
     """Replace control/format/unassigned characters (Unicode category C*) with spaces."""
@@ -40,7 +30,7 @@ def remove_non_printing(line: str) -> str:
 
 
 def clean_line(line: str, lang: str) -> str:
-    line = _normalizer(lang).normalize(line)
+    line = punct_normalizer(lang).normalize(line)
     return " ".join(remove_non_printing(line).split())
 
 

@@ -18,7 +18,6 @@ import argparse
 import logging
 import math
 import os
-import re
 import shlex
 import tarfile
 from dataclasses import dataclass, field, replace
@@ -232,14 +231,10 @@ def _make_text(spec: PairSpec, orig: Path, text: Path, jobs: int, tiny: bool) ->
 
 # --- model stages ------------------------------------------------------------------------------
 
-def checkpoint_number(p: Path) -> int:
-    m = re.fullmatch(r"checkpoint_(\d+)\.pt", p.name)
-    return int(m.group(1)) if m else -1
-
-
 def last_checkpoints(save_dir: Path, n: int) -> list[Path]:
-    cks = sorted((p for p in save_dir.glob("checkpoint_*.pt") if checkpoint_number(p) >= 0),
-                 key=checkpoint_number)
+    from nmt.training.savedir import numbered_checkpoints
+
+    cks = numbered_checkpoints(save_dir)
     if not cks:
         raise NmtError(f"no checkpoint_<update>.pt in {save_dir}: has training run?")
     if len(cks) < n:
@@ -301,7 +296,8 @@ def model_stages(r: Recipe, spec: PairSpec, args: argparse.Namespace, stages: se
             if r.dry_run:
                 # The checkpoints exist only after training: show the shell that picks them.
                 validate_command(["nmt-train", "--average", "CKPT", "--output", str(avg)])
-                print(f"nmt-train --average $(ls {save_dir}/checkpoint_*.pt | sort -V | "
+                # Numbered ones only: checkpoint_best/last.pt would count a checkpoint twice.
+                print(f"nmt-train --average $(ls {save_dir}/checkpoint_[0-9]*.pt | sort -V | "
                       f"tail -n {preset.average_last}) --output {avg}")
                 return
             cks = last_checkpoints(save_dir, preset.average_last)

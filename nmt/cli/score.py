@@ -14,6 +14,7 @@ import sys
 import click
 
 from nmt.cli.common import console, handle_errors, setup_logging
+from nmt.cli.options import log_options
 from nmt.errors import NmtError, UsageError
 from nmt.io import LineWriter, read_lines
 import nmt.metrics.evalb as evalb_mod
@@ -61,6 +62,10 @@ def _read(path: str | None, what: str) -> list[str]:
                    "references' language, e.g. de for En-De) and sacreBLEU's target language.")
 @click.option("--pretokenized", is_flag=True,
               help="tok-bleu: the files are Moses-tokenized already; only split compounds.")
+@click.option("--no-normalize-quotes", is_flag=True,
+              help="tok-bleu only: keep Unicode quotes as they are. By default tok-bleu maps "
+                   "„ “ ” ‟ « » 〝 〞 ＂ to \" and ‚ ‘ ’ ‛ ‹ › to ' in hypotheses and references "
+                   "alike, as the reference of the paper's number was (tensor2tensor#317).")
 @click.option("--chrf-word-order", type=click.IntRange(0, 10), default=0, show_default=True,
               help="chrF word n-gram order (2 gives chrF++).")
 @click.option("--width", "-w", type=click.IntRange(0, 10), default=1, show_default=True,
@@ -74,12 +79,13 @@ def _read(path: str | None, what: str) -> list[str]:
               help="bracket-f1: do not put the gold POS tags in place of XX tags.")
 @click.option("--evalb-report", is_flag=True,
               help="bracket-f1: print EVALB's full report (per-sentence table and summary).")
-@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on stderr.")
+@log_options
 @handle_errors("nmt-score")
 def main(refs, hyp, metrics, as_json, sentence, tokenize, lowercase, force, lang, pretokenized,
-         chrf_word_order, width, evalb_params, max_errors, no_retag, evalb_report, quiet):
+         no_normalize_quotes, chrf_word_order, width, evalb_params, max_errors, no_retag,
+         evalb_report, verbose, quiet):
     """Score hypotheses against references; data on stdout, logs on stderr."""
-    setup_logging(quiet=quiet)
+    setup_logging(verbose, quiet)
     names = parse_metrics(metrics)
     params = (evalb_mod.EvalbParams.from_file(evalb_params) if evalb_params
               else evalb_mod.EvalbParams.collins())
@@ -87,6 +93,7 @@ def main(refs, hyp, metrics, as_json, sentence, tokenize, lowercase, force, lang
         params.max_error = max_errors
     opts = ScoreOptions(tokenize=tokenize, lowercase=lowercase, force=force, lang=lang,
                         chrf_word_order=chrf_word_order, width=width, pretokenized=pretokenized,
+                        normalize_quotes=not no_normalize_quotes,
                         evalb=params, evalb_name=evalb_params or "COLLINS", retag=not no_retag)
     if evalb_report and names != ["bracket-f1"]:
         raise UsageError("--evalb-report goes with --metric bracket-f1 alone")

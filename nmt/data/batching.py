@@ -16,7 +16,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-PAD, BOS, EOS = 0, 1, 2
+from nmt.specials import BOS, EOS, PAD  # noqa: F401 (re-exported)
 
 
 class SizedParallelData(Protocol):

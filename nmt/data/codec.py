@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from nmt.data import moses
 from nmt.data.dictionary import BOS, EOS, PAD, UNK, Dictionary
 from nmt.data.subword import SubwordModel, Whitespace, model_from_state
 from nmt.errors import NmtError
@@ -29,7 +30,6 @@ class TextCodec:
             raise NmtError(f"dictionary has {len(self.dictionary)} symbols but the "
                            f"{subword.kind} model has {len(subword.dictionary())}")
         self.moses_lang = moses_lang
-        self._mtok = self._mdetok = None
 
     @property
     def kind(self) -> str:
@@ -46,19 +46,13 @@ class TextCodec:
     def _tokenize(self, line: str) -> str:
         if self.moses_lang is None:
             return line
-        if self._mtok is None:
-            from sacremoses import MosesTokenizer
-            self._mtok = MosesTokenizer(lang=self.moses_lang)
         # escape=False: keep '&' and '<' as they are instead of XML entities.
-        return self._mtok.tokenize(line, escape=False, return_str=True)
+        return moses.tokenize(line, self.moses_lang, escape=False)
 
     def _detokenize(self, text: str) -> str:
         if self.moses_lang is None:
             return text
-        if self._mdetok is None:
-            from sacremoses import MosesDetokenizer
-            self._mdetok = MosesDetokenizer(lang=self.moses_lang)
-        return self._mdetok.detokenize(text.split(), unescape=False)
+        return moses.detokenize(text, self.moses_lang)
 
     # --- encoding ------------------------------------------------------------------------------
     def _ids(self, lines: Sequence[str]) -> list[list[int]]:

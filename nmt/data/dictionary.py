@@ -16,8 +16,7 @@ import numpy as np
 from nmt.errors import NmtError
 from nmt.io import iter_lines, write_text_atomic
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
-SPECIALS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
+from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK  # noqa: F401 (re-exported)
 
 
 class Dictionary:

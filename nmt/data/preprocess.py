@@ -38,38 +38,78 @@ from nmt.data.indexed import SplitWriter
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
-from nmt.io import _decode_line, fsync_dir
+from nmt.io import _decode_line, check_readable, fsync_dir
+from nmt.options import option
 
 log = logging.getLogger("nmt.data.preprocess")
 
 
+def _prefixes(values: list[str]) -> list[str]:
+    """--validpref/--testpref: comma-separated prefixes (fairseq's habit); repeating the
+    option works too."""
+    return [p for v in values for p in v.split(",") if p]
+
+
 @dataclass
 class PreprocessConfig:
-    source_lang: str
-    target_lang: str
-    destdir: str
-    trainpref: str | None = None
-    validpref: list[str] = field(default_factory=list)
-    testpref: list[str] = field(default_factory=list)
-    subword: str | None = None              # bpe | wordpiece | none; None: bpe, or the reused kind
-    vocab_size: int = 32000                 # per dictionary (one when joined), specials included
-    joined: bool = False
-    threshold: int = 1                      # min count of a symbol (none) / of a pair (wordpiece)
-    subword_sample: int = 1_000_000         # sentence pairs the subword learner sees at most
-    character_coverage: float = 1.0
-    byte_fallback: bool = False
-    moses: bool = False
-    reuse_vocab: str | None = None          # a data directory whose codecs are reused
-    srcdict: str | None = None
-    tgtdict: str | None = None
-    max_len: int = 250                      # 0: no limit (subword tokens, without eos)
-    max_len_ratio: float = 9.0              # 0: no limit
-    filter_eval: bool = False               # also filter valid/test (breaks alignment with refs)
-    shard_size: int = 0                     # sentences per shard; 0: one shard per split
-    workers: int = 0                        # 0: one per CPU
-    chunk_size: int = 10000                 # lines per worker task
-    seed: int = 1
-    overwrite: bool = False
+    """What nmt-preprocess does; each field is also its command-line option (``nmt.options``)."""
+
+    source_lang: str = option(help="Source language code (file suffix), e.g. en.", short="-s")
+    target_lang: str = option(help="Target language code (file suffix), e.g. de.", short="-t")
+    trainpref: str | None = option(
+        None, "Training data: PREFIX.SRC and PREFIX.TGT. Subwords and dictionaries are learned "
+        "on it.", metavar="PREFIX")
+    validpref: list[str] = option(
+        help="Validation data (comma-separated or repeated for several sets: valid, valid1, ...).",
+        metavar="PREFIX", multiple=True, parse=_prefixes, default_factory=list)
+    testpref: list[str] = option(
+        help="Test data (comma-separated or repeated for several sets: test, test1, ...).",
+        metavar="PREFIX", multiple=True, parse=_prefixes, default_factory=list)
+    destdir: str = option("data-bin", "Data directory to create (built under a temporary name, "
+                          "renamed when complete).", metavar="PATH")
+    overwrite: bool = option(False, "Replace --destdir if it exists and is not empty.")
+    # None: bpe, or the reused vocabulary's kind.
+    subword: str | None = option(
+        None, "Subword model: bpe (sentencepiece), wordpiece (HuggingFace tokenizers, '##' "
+        "continuations) or none (whitespace tokens, for pre-tokenized input). "
+        "[default: bpe, or the reused vocabulary's kind]", choices=KINDS)
+    vocab_size: int = option(32000, "Symbols per dictionary (one shared dictionary with "
+                             "--joined-dictionary), including the 4 specials. A soft limit for "
+                             "bpe on small corpora.")
+    joined: bool = option(False, "One subword model and dictionary shared by both languages "
+                          "(the paper's 37k BPE).", flag="--joined-dictionary")
+    threshold: int = option(1, "Minimum count: of a token for --subword none, of a merge for "
+                            "wordpiece.")
+    subword_sample: int = option(1_000_000, "The subword learner sees at most this many "
+                                 "sentence pairs, drawn uniformly at random from the training "
+                                 "data (keeps memory flat on huge corpora).")
+    character_coverage: float = option(1.0, "bpe: share of characters covered by the model "
+                                       "(0.9995 suits CJK); the rest become <unk>.")
+    byte_fallback: bool = option(False, "bpe: spell characters outside the model as UTF-8 "
+                                 "bytes instead of <unk>.")
+    moses: bool = option(False, "Moses-tokenize (sacremoses) before subwords; decoding "
+                         "detokenizes.")
+    reuse_vocab: str | None = option(
+        None, "Reuse both codecs (subword models and dictionaries) of an existing data "
+        "directory, so new data is encoded identically (fine-tuning, new test sets).",
+        metavar="DIR")
+    srcdict: str | None = option(
+        None, "Reuse a source dictionary: DIR/dict.LANG.txt of a data directory (its subword "
+        "model comes along), or a plain 'symbol count' file with --subword none.",
+        metavar="FILE")
+    tgtdict: str | None = option(None, "Like --srcdict, for the target.", metavar="FILE")
+    max_len: int = option(250, "Drop training pairs with a side longer than this many subword "
+                          "tokens (0: no limit).")      # counted without eos
+    max_len_ratio: float = option(9.0, "Drop training pairs whose longer side exceeds this "
+                                  "many times the shorter (0: no limit).")
+    filter_eval: bool = option(False, "Filter valid/test too. Off by default: those keep every "
+                               "line (even empty) so that output aligns with the references; "
+                               "what would be filtered is only counted.",
+                               flag="--filter-eval-splits")
+    shard_size: int = option(0, "Sentences per training shard (0: one shard).")
+    workers: int = option(0, "Encoding processes (0: one per CPU).")
+    seed: int = option(1, "Seed of the subword sample.")
+    chunk_size: int = option(10000, "Lines per worker task.", cli=False)
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else max(1, os.cpu_count() or 1)
@@ -92,7 +132,11 @@ class SplitStats:
     shards: list[int] = field(default_factory=list)
 
     def to_meta(self) -> dict[str, Any]:
-        return {"source_prefix": self.prefix, "input_lines": self.lines, "sentences": self.kept,
+        # source_path: absolute, so that training can find the raw references (validation
+        # BLEU against the text the split was made from) wherever it runs from.
+        return {"source_prefix": self.prefix,
+                "source_path": str(Path(self.prefix).resolve()) if self.prefix else None,
+                "input_lines": self.lines, "sentences": self.kept,
                 "shards": self.shards, "src_tokens": self.src_tokens,
                 "tgt_tokens": self.tgt_tokens, "src_unk": self.src_unk, "tgt_unk": self.tgt_unk,
                 "filtered": {"applied": self.filtered_applied, "empty": self.empty,
@@ -152,13 +196,7 @@ def _split_inputs(cfg: PreprocessConfig) -> list[tuple[str, str]]:
 def _check_inputs(cfg: PreprocessConfig, splits: list[tuple[str, str]]) -> None:
     for _, prefix in splits:
         for lang in (cfg.source_lang, cfg.target_lang):
-            p = Path(f"{prefix}.{lang}")
-            if not p.exists():
-                raise NmtError(f"{p}: no such file")
-            if p.is_dir():
-                raise NmtError(f"{p}: is a directory, expected a text file")
-            if not os.access(p, os.R_OK):
-                raise NmtError(f"{p}: permission denied")
+            check_readable(f"{prefix}.{lang}")
 
 
 def _prepare_destination(cfg: PreprocessConfig) -> tuple[Path, Path]:
@@ -244,9 +282,7 @@ def sample_pairs(src: Path, tgt: Path, k: int, seed: int, progress=None
 def _codec_from_dict_path(path: str, kind: str | None, moses_lang: str | None) -> TextCodec:
     """--srcdict/--tgtdict: a dict.{lang}.txt inside a data directory (its whole codec is
     reused), or a plain dictionary file for --subword none."""
-    p = Path(path)
-    if not p.is_file():
-        raise NmtError(f"{p}: no such dictionary file")
+    p = check_readable(path, "dictionary file", expected="a dictionary file")
     if (p.parent / META).is_file() and p.name.startswith("dict.") and p.name.endswith(".txt"):
         lang = p.name[len("dict."):-len(".txt")]
         return DataDir.open(p.parent).codec(lang)
@@ -357,19 +393,6 @@ def learn_codecs(cfg: PreprocessConfig, train_prefix: str, workers: int, progres
         del s_sample
         tgt = TextCodec(learn(t_sample), None, moses(t_lang))
     return src, tgt, n
-
-
-def _count_lines(path: Path) -> int:
-    n = 0
-    last = b"\n"
-    with _open_binary(path) as f:
-        while True:
-            block = f.read(1 << 20)
-            if not block:
-                break
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
 
 
 def _size(p: Path) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from nmt.data import moses
 from nmt.data.codec import TextCodec
 from nmt.data.dictionary import UNK
 from nmt.data.subword import count_whitespace_tokens
@@ -27,7 +28,8 @@ def decode_all(raw: Sequence[bytes], name: str, first: int) -> list[str]:
     return [_decode_line(r, name, first + i) for i, r in enumerate(raw)]
 
 
-# Per-process state: the codecs (built once by the initializer) and Moses tokenizers.
+# Per-process state: the codecs (built once by the initializer). Moses tokenizers are cached
+# per process by nmt.data.moses.
 _W: dict[str, Any] = {}
 
 
@@ -44,23 +46,13 @@ def _worker_init(src_state: dict | None, tgt_state: dict | None, threads_env: bo
 
 def task_tokenize(raw: list[bytes], name: str, first: int, lang: str) -> list[str]:
     """Decode and Moses-tokenize lines (for the subword learner's sample)."""
-    from sacremoses import MosesTokenizer
-    key = f"moses.{lang}"
-    if key not in _W:
-        _W[key] = MosesTokenizer(lang=lang)
-    tok = _W[key]
-    return [tok.tokenize(line, escape=False, return_str=True)
-            for line in decode_all(raw, name, first)]
+    return [moses.tokenize(line, lang) for line in decode_all(raw, name, first)]
 
 
 def task_count(raw: list[bytes], name: str, first: int, lang: str | None) -> Counter:
     lines = decode_all(raw, name, first)
     if lang is not None:
-        from sacremoses import MosesTokenizer
-        key = f"moses.{lang}"
-        if key not in _W:
-            _W[key] = MosesTokenizer(lang=lang)
-        lines = [_W[key].tokenize(x, escape=False, return_str=True) for x in lines]
+        lines = [moses.tokenize(x, lang) for x in lines]
     return count_whitespace_tokens(lines)
 
 

@@ -33,6 +33,7 @@ class ScoreOptions:
     chrf_word_order: int = 0           # 2 gives chrF++
     width: int = 1                     # decimals in sacreBLEU's text line (its -w)
     pretokenized: bool = False         # tok-bleu: input already Moses-tokenized
+    normalize_quotes: bool = True      # tok-bleu: Unicode quotes to ASCII on both sides
     evalb: evalb_mod.EvalbParams = field(default_factory=evalb_mod.EvalbParams.collins)
     evalb_name: str = "COLLINS"
     retag: bool = True                 # bracket-f1: gold POS tags replace XX
@@ -113,8 +114,10 @@ def corpus_score(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[str]]
                            rounded)
     if metric == "tok-bleu":
         lang = opts.lang or "en"
-        r = tok_bleu_mod.tok_bleu(hyps, refs, lang, not opts.pretokenized, True, opts.lowercase)
-        sig = tok_bleu_mod.signature(lang, not opts.pretokenized, True, opts.lowercase)
+        r = tok_bleu_mod.tok_bleu(hyps, refs, lang, not opts.pretokenized, True, opts.lowercase,
+                                 opts.normalize_quotes)
+        sig = tok_bleu_mod.signature(lang, not opts.pretokenized, True, opts.lowercase,
+                                     opts.normalize_quotes)
         details = {"precisions": r.precisions, "bp": r.bp, "ratio": r.ratio,
                    "hyp_len": r.hyp_len, "ref_len": r.ref_len}
         return MetricScore(metric, "tok-BLEU", r.score, sig, f"tok-BLEU|{sig} = {r.format()}",
@@ -150,7 +153,7 @@ def sentence_scores(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[st
     if metric == "tok-bleu":
         lang = opts.lang or "en"
         return [tok_bleu_mod.tok_bleu([h], [[r] for r in rs], lang, not opts.pretokenized,
-                                      True, opts.lowercase).score
+                                      True, opts.lowercase, opts.normalize_quotes).score
                 for h, *rs in zip(hyps, *refs)]
     res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag)
     return [s.f1 for s in res.sentences]

@@ -12,6 +12,12 @@ computed the WMT'14 En-De figures (27.3 base / 28.4 big):
    clipped by the maximum count in any reference, the closest reference length per sentence
    (the shorter one on ties), no smoothing (a zero precision gives 0), the brevity penalty on
    corpus lengths.
+
+Before step 1, Unicode quotation marks are mapped to ASCII on hypotheses and references alike
+(:func:`ascii_quotes`; ``normalize_quotes=False`` turns it off). The paper's En-De number
+was computed against a newstest2014 reference whose quotes had been normalized that way
+(tensor2tensor issue 317), and a model trained on punctuation-normalized text writes ``"``
+where the raw reference has ``„``/``“``: without it every quote is a miss.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 _COMPOUND = re.compile(r"([^ ])-([^ ])")
@@ -28,24 +33,41 @@ _COMPOUND = re.compile(r"([^ ])-([^ ])")
 _SPLIT = re.compile(r"[ \t\n\r\f\v]+")
 MAX_ORDER = 4
 
+# The quotation marks that Moses' normalize-punctuation (sacremoses' MosesPunctNormalizer, which
+# the WMT recipes apply to the training text) turns into ASCII, plus their rarer relatives.
+# Single quotes become the apostrophe, as MosesPunctNormalizer does: then German ‚...‘, French
+# l’homme and English it’s read as the model learnt to write them, and the tokenizer splits
+# and escapes them exactly as the ASCII apostrophe, on both sides. The double prime ″ (inches,
+# seconds) and the accents ´ ` are not quotation marks and stay.
+DOUBLE_QUOTES = "\u201e\u201c\u201d\u201f\u00ab\u00bb\u301d\u301e\uff02"   # „“”‟«»〝〞＂
+SINGLE_QUOTES = "\u201a\u2018\u2019\u201b\u2039\u203a"                       # ‚‘’‛‹›
+_TO_ASCII = str.maketrans({**{c: '"' for c in DOUBLE_QUOTES}, **{c: "'" for c in SINGLE_QUOTES}})
+# Moses-tokenized text (--pretokenized) has the quotes escaped: map every form, ASCII included,
+# to tokenizer.perl's escapes so that an unescaped side still matches an escaped one.
+_TO_ESCAPED = str.maketrans({**{c: "&quot;" for c in DOUBLE_QUOTES + '"'},
+                             **{c: "&apos;" for c in SINGLE_QUOTES + "'"}})
+def ascii_quotes(line: str, escaped: bool = False) -> str:
+    """Unicode double quotes to ``"``, single quotes to ``'`` (``&quot;``/``&apos;`` when
+    ``escaped``, for text that is Moses-tokenized already)."""
+    return line.translate(_TO_ESCAPED if escaped else _TO_ASCII)
+
 
 def split_compounds(line: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
 
 
-@lru_cache(maxsize=8)
-def _moses(lang: str):
-    from sacremoses import MosesTokenizer  # imported lazily: it loads data files
-
-    return MosesTokenizer(lang=lang)
-
-
 def moses_tokenize(line: str, lang: str = "en") -> str:
     """``tokenizer.perl -l LANG`` (escaping on, no ``-a``)."""
-    return _moses(lang).tokenize(line, return_str=True, escape=True, aggressive_dash_splits=False)
+    from nmt.data import moses  # imported here: nmt-score need not load nmt.data otherwise
+
+    return moses.tokenize(line, lang, escape=True)
 
 
-def prepare(line: str, lang: str = "en", tokenize: bool = True, compound_split: bool = True) -> str:
+def prepare(line: str, lang: str = "en", tokenize: bool = True, compound_split: bool = True,
+            normalize_quotes: bool = True) -> str:
+    if normalize_quotes:
+        # Before tokenizing: the tokenizer then splits and escapes them as ASCII quotes.
+        line = ascii_quotes(line, escaped=not tokenize)
     if tokenize:
         line = moses_tokenize(line, lang)
     if compound_split:
@@ -120,17 +142,21 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]],
 
 def tok_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str = "en",
              tokenize: bool = True, compound_split: bool = True,
-             lowercase: bool = False) -> TokBleu:
-    """Tokenize, split compounds, then :func:`multi_bleu`."""
-    h = [prepare(x, lang, tokenize, compound_split) for x in hyps]
-    r = [[prepare(x, lang, tokenize, compound_split) for x in ref] for ref in refs]
+             lowercase: bool = False, normalize_quotes: bool = True) -> TokBleu:
+    """ASCII quotes (unless ``normalize_quotes`` is False), tokenize, split compounds, then
+    :func:`multi_bleu`."""
+    q = normalize_quotes
+    h = [prepare(x, lang, tokenize, compound_split, q) for x in hyps]
+    r = [[prepare(x, lang, tokenize, compound_split, q) for x in ref] for ref in refs]
     return multi_bleu(h, r, lowercase)
 
 
-def signature(lang: str, tokenize: bool, compound_split: bool, lowercase: bool) -> str:
+def signature(lang: str, tokenize: bool, compound_split: bool, lowercase: bool,
+              normalize_quotes: bool = True) -> str:
     import sacremoses
 
     tok = f"moses-{lang}" if tokenize else "none"
     return (f"tok:{tok}|split:{'compound' if compound_split else 'no'}|"
+            f"quotes:{'ascii' if normalize_quotes else 'raw'}|"
             f"case:{'lc' if lowercase else 'mixed'}|smooth:none|"
             f"version:sacremoses-{getattr(sacremoses, '__version__', '?')}")

@@ -18,7 +18,7 @@ from nmt.models.layers import (FeedForward, LearnedPositions, MultiHeadAttention
                                SinusoidalPositions, embedding_scale)
 from nmt.models.state import DecoderState, EncoderOut
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
+from nmt.specials import BOS, EOS, PAD, UNK  # noqa: F401 (re-exported)
 
 
 class EncoderLayer(nn.Module):

@@ -24,6 +24,13 @@ When is a sentence done? As soon as one of these holds:
   hypothesis finishes with at most ``max_len`` tokens before its eos, where
   ``max_len = floor(a * source_length + b)`` (source length in subwords, without eos), capped
   so that the decoder never needs more positions than the model has.
+
+Constraints (optional ``constraints=`` of :func:`beam_search`, e.g.
+nmt.search.constraints.TreeConstraints for linearized trees) restrict what each row may emit:
+``constraints.start(src_tokens, beam, max_len)`` gives a state whose ``restrict(probs, step)``
+zeroes the forbidden tokens of ``probs`` [N*K, V] in place (before the forced eos) and whose
+``advance(rows, tokens)`` returns the state of the next beam (new row i extends old row
+``rows[i]`` with ``tokens[i]``; sentences that left the batch are gone from ``rows``).
 """
 
 from __future__ import annotations
@@ -33,33 +40,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from nmt.errors import UsageError
 from nmt.search.beam import beam_candidates, split_candidates
+from nmt.search.config import SearchConfig  # noqa: F401 (re-exported: it lives with the options)
 from nmt.search.length_penalty import best_possible_score, length_penalty
 
-PAD, BOS, EOS = 0, 1, 2
+from nmt.specials import BOS, EOS, PAD  # noqa: F401 (re-exported)
 NEG_INF = float("-inf")
-
-
-@dataclass
-class SearchConfig:
-    beam: int = 4
-    lenpen: float = 0.6          # alpha of the length penalty; 0 ranks by log-probability
-    max_len_a: float = 1.0       # at most floor(a * source_length + b) tokens before eos
-    max_len_b: int = 50
-    nbest: int = 1               # hypotheses returned per sentence, best first
-
-    def __post_init__(self) -> None:
-        if self.beam < 1:
-            raise UsageError(f"beam must be >= 1, got {self.beam}")
-        if not 1 <= self.nbest <= self.beam:
-            raise UsageError(f"nbest must be between 1 and the beam size ({self.beam}), "
-                             f"got {self.nbest}")
-        if self.lenpen < 0:
-            raise UsageError(f"lenpen must be >= 0, got {self.lenpen}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise UsageError(f"max-len-a and max-len-b must be >= 0, got "
-                             f"{self.max_len_a} and {self.max_len_b}")
 
 
 @dataclass
@@ -85,13 +71,18 @@ def max_lengths(src_lengths: Tensor, cfg: SearchConfig, max_positions: int | Non
 
 
 @torch.inference_mode()
-def beam_search(model, src_tokens: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
+                constraints=None) -> list[list[Hypothesis]]:
     """Translate a batch: src_tokens [B, S] (right-padded, each row ending in eos).
 
     ``model`` is an nmt.search.ensemble.EnsembleModel (or anything with its encode /
-    init_state / step / max_positions). Returns, per sentence, its ``cfg.nbest`` best
-    hypotheses, best first (ties: the one found first).
+    init_state / step / max_positions); ``cfg`` is resolved (``SearchConfig.resolve``).
+    Returns, per sentence, its ``cfg.nbest`` best hypotheses, best first (ties: the one found
+    first). ``constraints``: see the module doc.
     """
+    if cfg.unset:
+        raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(cfg.unset)} "
+                         f"unset): use cfg.resolve(model_config)")
     device = src_tokens.device
     bsz, k = src_tokens.size(0), cfg.beam
     alpha = cfg.lenpen
@@ -100,6 +91,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig) -> list[list[Hypot
     n_steps = int(max_len.max()) + 1
 
     state = model.init_state(model.encode(src_tokens), group=k)
+    cstate = None if constraints is None else constraints.start(src_tokens, k, max_len)
     # Per running sentence (N of them; sentence-major rows):
     sent = torch.arange(bsz, device=device)                         # [N] index in the batch
     tokens = torch.full((bsz * k, n_steps + 1), PAD, dtype=torch.long, device=device)
@@ -115,16 +107,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig) -> list[list[Hypot
         n = sent.numel()
         probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
         vocab = probs.size(1)
-        probs[:, PAD] = 0.0             # never predicted
-        probs[:, BOS] = 0.0
-        at_max = max_len.eq(step)                                     # [N]
-        if bool(at_max.any()):
-            # Forced eos, keeping the model's own eos probability in the score (floored, so
-            # that a model giving eos probability 0 still ends its hypotheses).
-            rows = at_max.repeat_interleave(k)
-            eos_p = probs[rows, EOS].clamp(min=1e-30)
-            probs[rows] = 0.0
-            probs[rows, EOS] = eos_p
+        _restrict(probs, step, max_len, k, cstate)
 
         c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
             probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
@@ -163,13 +146,36 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig) -> list[list[Hypot
         tokens[:, step + 1] = new_tokens.reshape(-1)
         tok_scores[:, step] = new_lprobs.reshape(-1)
         scores = new_scores
+        if cstate is not None:
+            cstate = cstate.advance(flat, tokens[:, step + 1])
 
+    return _best_hypotheses(finished, cfg.nbest)
+
+
+def _best_hypotheses(finished, nbest: int) -> list[list[Hypothesis]]:
     out: list[list[Hypothesis]] = []
     for hyps in finished:
         # Stable sort: among equal scores the hypothesis found first wins.
-        hyps = sorted(hyps, key=lambda h: -h[0])[:cfg.nbest]
+        hyps = sorted(hyps, key=lambda h: -h[0])[:nbest]
         out.append([Hypothesis(toks, score, ts) for score, toks, ts in hyps])
     return out
+
+
+def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate) -> None:
+    """Zero, in ``probs`` [N*K, V], what may not come next: pad and bos, what the constraints
+    state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length."""
+    probs[:, PAD] = 0.0             # never predicted
+    probs[:, BOS] = 0.0
+    if cstate is not None:
+        cstate.restrict(probs, step)
+    at_max = max_len.eq(step)                                         # [N]
+    if bool(at_max.any()):
+        # Forced eos, keeping the model's own eos probability in the score (floored, so
+        # that a model giving eos probability 0 still ends its hypotheses).
+        rows = at_max.repeat_interleave(k)
+        eos_p = probs[rows, EOS].clamp(min=1e-30)
+        probs[rows] = 0.0
+        probs[rows, EOS] = eos_p
 
 
 def _collect_finished(finished, fin: Tensor, sent: Tensor, c_scores: Tensor, c_beams: Tensor,

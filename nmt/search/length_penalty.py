@@ -22,12 +22,6 @@ def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor
     return 1.0 if alpha == 0 else ((5.0 + float(length)) / 6.0) ** alpha
 
 
-def normalized_score(log_prob: float | Tensor, length: int | Tensor,
-                     alpha: float) -> float | Tensor:
-    """The score beam search ranks finished hypotheses by: log P(Y) / lp(|Y|)."""
-    return log_prob / length_penalty(length, alpha)
-
-
 def best_possible_score(log_prob: Tensor, max_length: Tensor, alpha: float) -> Tensor:
     """Upper bound on the final normalized score of an unfinished hypothesis.
 
@@ -42,4 +36,4 @@ def best_possible_score(log_prob: Tensor, max_length: Tensor, alpha: float) -> T
     return log_prob / length_penalty(max_length, alpha)
 
 
-__all__ = ["length_penalty", "normalized_score", "best_possible_score"]
+__all__ = ["length_penalty", "best_possible_score"]

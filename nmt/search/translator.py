@@ -1,16 +1,23 @@
 """Translator: raw sentences in, translations out, in input order (the API nmt-generate uses).
 
     from nmt import Translator
-    t = Translator.from_checkpoint("checkpoint_best.pt", beam=4)
+    from nmt.search.translator import BatchConfig, SearchConfig
+    t = Translator.from_checkpoint("checkpoint_best.pt", search=SearchConfig(beam=5, nbest=2),
+                                   batch=BatchConfig(max_tokens=4096), device="auto")
     t.translate(["A man is riding a bike .", ""])          # -> ["Ein Mann ...", ""]
     t.translate_results(lines)                             # scores, tokens, n-best lists
 
-Sentences are encoded with the checkpoint's own codec, sorted by length (longest first) and
-batched by ``batch_size`` sentences and/or ``max_tokens`` source tokens (padding included); the
-results are put back in input order. An empty line (no subwords) gives an empty translation
-without a model call. A source longer than the model accepts (``max_source_len`` subwords, at
-most max_positions - 1 for learned positions, the eos taking the last one) is truncated with a
-warning naming its line number.
+Decoding (``SearchConfig``): fields left None come from the checkpoint's preset. Sentences are
+encoded with the checkpoint's own codec, sorted by length (longest first) and batched
+(``BatchConfig``) by ``batch_size`` sentences and/or ``max_tokens`` source tokens (padding
+included); the results are put back in input order. An empty line (no subwords) gives an
+empty translation without a model call. A source longer than the model accepts
+(``max_source_len`` subwords, at most max_positions - 1 for learned positions, the eos taking
+the last one) is truncated with a warning naming its line number.
+
+``load_split`` reads the sources of the split of the data directory a checkpoint was trained
+on (nmt-generate's pipeline mode); nmt-generate's options are ``nmt.search.config``'s
+``GenerateConfig``.
 """
 
 from __future__ import annotations
@@ -18,20 +25,19 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from nmt.errors import NmtError, UsageError
+from nmt.runtime import check_precision, resolve_device
+from nmt.search.constraints import tree_constraints_for
+from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
-from nmt.search.generator import EOS, PAD, SearchConfig, beam_search
+from nmt.search.generator import EOS, PAD, beam_search
 
 log = logging.getLogger("nmt.search")
-
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEFAULT_BATCH_SIZE = 64
-
 
 @dataclass
 class TranslationHypothesis:
@@ -69,86 +75,52 @@ class Translation:
         return out
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device '{device}' requested but no CUDA GPU is available")
-    return dev
-
-
-_CPU_BF16_HINT = " (bf16 also runs on CPUs with native bf16 support, e.g. AVX512-BF16)"
-
-
-def _cpu_bf16(precision: str) -> bool:
-    """bf16 on a CPU with native bf16 matrix units: about twice the fp32 speed, opt-in,
-    since it rounds weights and activations to 8 significant bits (check BLEU)."""
-    if precision != "bf16":
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 class Translator:
     """Beam search translation with one model or an ensemble, plus the text pipeline."""
 
     def __init__(self, models: Sequence[torch.nn.Module], src_codec, tgt_codec, *,
-                 beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-                 nbest: int = 1, batch_size: int | None = None, max_tokens: int | None = None,
-                 max_source_len: int = 1024, device: str | torch.device | None = "cpu"):
-        self.search = SearchConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a,
-                                   max_len_b=max_len_b, nbest=nbest)
-        if batch_size is not None and batch_size < 1:
-            raise UsageError(f"batch size must be >= 1, got {batch_size}")
-        if max_tokens is not None and max_tokens < 1:
-            raise UsageError(f"max tokens must be >= 1, got {max_tokens}")
-        if max_source_len < 1:
-            raise UsageError(f"max source length must be >= 1, got {max_source_len}")
-        self.batch_size = batch_size if batch_size is not None or max_tokens is not None \
-            else DEFAULT_BATCH_SIZE
-        self.max_tokens = max_tokens
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+                 search: SearchConfig | None = None, batch: BatchConfig | None = None,
+                 device: str | torch.device | None = "cpu"):
+        """``models`` are on ``device`` already, in eval mode. Unset ``search`` fields come from
+        the first model's preset (its ``cfg``; the paper's defaults for a model without one)."""
         self.ensemble = EnsembleModel(models)
+        self.search = (search or SearchConfig()).resolve(getattr(models[0], "cfg", None))
+        self.batch = batch or BatchConfig()
+        self.batch_size, self.max_tokens = self.batch.sentences, self.batch.max_tokens
+        self.device = resolve_device("cpu" if device is None else device)
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
+        # Well-formed trees by construction for a tree target vocabulary (nmt.search.
+        # constraints); set to None (or tree_constraints_for(d, True/False)) to change.
+        self.constraints = tree_constraints_for(tgt_codec.dictionary)
         limit = self.ensemble.max_positions
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
-        self.max_source_len = max_source_len if limit is None else min(max_source_len, limit - 1)
+        self.max_source_len = (self.batch.max_source_len if limit is None
+                               else min(self.batch.max_source_len, limit - 1))
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
     def from_checkpoint(cls, paths: str | os.PathLike | dict | Sequence[str | os.PathLike | dict],
-                        *, device: str | torch.device | None = None, beam: int | None = None,
-                        lenpen: float | None = None, max_len_a: float | None = None,
-                        max_len_b: int | None = None, nbest: int = 1,
-                        batch_size: int | None = None, max_tokens: int | None = None,
-                        max_source_len: int = 1024, precision: str = "fp32") -> "Translator":
+                        *, search: SearchConfig | None = None, batch: BatchConfig | None = None,
+                        device: str | torch.device | None = None,
+                        precision: str = "fp32") -> "Translator":
         """Load one checkpoint or an ensemble (a list of paths sharing their vocabularies).
 
         Each entry is a path or a checkpoint dict already read with
-        nmt.training.checkpoint.load_checkpoint.
+        nmt.checkpoint.load_checkpoint.
 
-        Decoding options left as None come from the (first) checkpoint's architecture preset.
+        ``search`` fields left None come from the (first) checkpoint's architecture preset.
+        ``device``: cpu, cuda, cuda:N or auto/None (nmt.runtime.resolve_device).
         ``precision`` fp16 needs a GPU; bf16 a GPU or a CPU with native bf16 support.
         """
         from nmt.data.codec import TextCodec
-        from nmt.training.checkpoint import load_model_from_checkpoint, model_config
+        from nmt.checkpoint import load_model_from_checkpoint, model_config
 
         if isinstance(paths, (str, os.PathLike, dict)):
             paths = [paths]
         if not paths:
             raise UsageError("no checkpoint given")
         dev = resolve_device(device)
-        if precision not in PRECISIONS:
-            raise UsageError(f"unknown precision '{precision}' (choose fp32, bf16 or fp16)")
-        if precision != "fp32" and dev.type != "cuda" and not _cpu_bf16(precision):
-            raise UsageError(f"--precision {precision} needs a GPU{_CPU_BF16_HINT}; "
-                             f"on this CPU use fp32")
+        dtype = check_precision(precision, dev)
         models, codecs, cfg = [], None, None
         names = [p if not isinstance(p, dict) else f"checkpoint {i + 1}"
                  for i, p in enumerate(paths)]
@@ -164,14 +136,9 @@ class Translator:
             elif not (src.same_as(codecs[0]) and tgt.same_as(codecs[1])):
                 raise UsageError(f"{name}: cannot ensemble checkpoints with different "
                                  f"vocabularies or subword models (compare with {names[0]})")
-            models.append(model.to(PRECISIONS[precision]).eval())
-        return cls(models, codecs[0], codecs[1],
-                   beam=cfg.beam if beam is None else beam,
-                   lenpen=cfg.lenpen if lenpen is None else lenpen,
-                   max_len_a=cfg.max_len_a if max_len_a is None else max_len_a,
-                   max_len_b=cfg.max_len_b if max_len_b is None else max_len_b,
-                   nbest=nbest, batch_size=batch_size, max_tokens=max_tokens,
-                   max_source_len=max_source_len, device=dev)
+            models.append(model.to(dtype).eval())
+        return cls(models, codecs[0], codecs[1], search=(search or SearchConfig()).resolve(cfg),
+                   batch=batch, device=dev)
 
     # --- translation ------------------------------------------------------------------------
     def translate(self, lines: Sequence[str]) -> list[str]:
@@ -216,7 +183,7 @@ class Translator:
             progress(len(empty))
         for batch in self._batches(arrays):
             src = self._collate([arrays[i] for i in batch])
-            hyps = beam_search(self.ensemble, src, self.search)
+            hyps = beam_search(self.ensemble, src, self.search, constraints=self.constraints)
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
@@ -258,4 +225,36 @@ class Translator:
         return torch.from_numpy(out).to(self.device)
 
 
-__all__ = ["Translator", "Translation", "TranslationHypothesis", "resolve_device", "PRECISIONS"]
+def load_split(checkpoint: Mapping[str, Any] | str | os.PathLike, split: str = "test", *,
+               src_codec=None, texts: bool = True):
+    """``(ids, sources)``: the source ids of ``split`` in the data directory the checkpoint was
+    trained on (``checkpoint["data_dir"]``), and their decoded text (empty strings when
+    ``texts`` is False), ready for ``Translator.translate_ids(ids, sources=sources)``.
+
+    ``checkpoint`` is a path or a dict read with nmt.checkpoint.load_checkpoint;
+    ``src_codec`` (default: the checkpoint's) must be the data directory's source codec.
+    """
+    from nmt.checkpoint import load_checkpoint
+    from nmt.data.codec import TextCodec
+    from nmt.data.datadir import DataDir
+
+    ckpt = checkpoint if isinstance(checkpoint, Mapping) else load_checkpoint(checkpoint)
+    data_dir = ckpt.get("data_dir")
+    if not data_dir:
+        raise NmtError("the checkpoint records no data directory; give the sentences to "
+                       "translate with --input FILE")
+    dd = DataDir.open(data_dir)
+    if src_codec is None:
+        src_codec = TextCodec.from_state(ckpt["src_codec"])
+    if not dd.src_codec.same_as(src_codec):
+        raise NmtError(f"{data_dir}: its source vocabulary differs from the checkpoint's; "
+                       f"give the sentences with --input FILE")
+    ds = dd.load_split(split)
+    ids = [ds.src(i) for i in range(len(ds))]
+    sources = [dd.src_codec.decode(x) for x in ids] if texts else [""] * len(ids)
+    log.info("translating split '%s' of %s (%d sentences)", split, data_dir, len(ids))
+    return ids, sources
+
+
+__all__ = ["Translator", "Translation", "TranslationHypothesis", "BatchConfig", "SearchConfig",
+           "DEFAULT_BATCH_SIZE", "load_split"]

@@ -1,7 +1,7 @@
 """Training in the paper's regime (section 5).
 
     from nmt.training.loop import TrainConfig, train          # the whole run (nmt-train)
-    from nmt.training.checkpoint import load_checkpoint, load_model_from_checkpoint
+    from nmt.checkpoint import load_checkpoint, load_model_from_checkpoint
     from nmt.training.average import average_checkpoints
 
 Modules: loss (label-smoothed cross entropy), optim (Adam + eq. 5), trainer (one update),

@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from nmt.errors import NmtError
-from nmt.training.checkpoint import inference_checkpoint, load_checkpoint, save_checkpoint
+from nmt.checkpoint import inference_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("nmt.train")
-
-_NUMBERED = re.compile(r"^checkpoint_(\d+)\.pt$")
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
     """Mean of the model tensors of ``paths`` (loaded one at a time to bound memory)."""
     if not paths:
         raise NmtError("no checkpoints to average")
+    _refuse_same_file(paths)
     first: dict | None = None
     sums: dict[str, torch.Tensor] = {}
     for path in paths:
@@ -61,26 +59,25 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
     return out
 
 
+def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
+    """A file given twice would weigh double: checkpoint_last.pt and checkpoint_best.pt are hard
+    links to numbered checkpoints, so a glob like checkpoint_*.pt repeats the newest one."""
+    seen: dict[tuple[int, int], str | os.PathLike] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue                     # load_checkpoint reports a missing file
+        key = (st.st_dev, st.st_ino)     # what os.path.samefile compares
+        if key in seen:
+            raise NmtError(f"{path} is the same file as {seen[key]}: it would be averaged twice; "
+                           f"give each checkpoint once (the numbered checkpoint_<update>.pt, "
+                           f"not checkpoint_best.pt/checkpoint_last.pt besides them)")
+        seen[key] = path
+
+
 def average_to_file(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
     out = average_checkpoints(paths)
     dest = save_checkpoint(out, output)
     log.info("averaged %d checkpoints into %s", len(paths), dest)
     return dest
-
-
-def numbered_checkpoints(save_dir: str | os.PathLike) -> list[Path]:
-    """checkpoint_{update}.pt files of a save directory, oldest update first."""
-    d = Path(save_dir)
-    found = []
-    for p in d.iterdir() if d.is_dir() else []:
-        m = _NUMBERED.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
-def last_checkpoints(save_dir: str | os.PathLike, n: int) -> list[Path]:
-    found = numbered_checkpoints(save_dir)
-    if not found:
-        raise NmtError(f"{save_dir}: no checkpoint_<update>.pt files to average")
-    return found[-n:]

@@ -84,7 +84,7 @@ def plot_curves(log_path: str | os.PathLike, png_path: str | os.PathLike) -> Pat
     if len(axes) > 2:
         bleu = [r for r in valid if "bleu" in r]
         axes[2].plot([r["update"] for r in bleu], [r["bleu"] for r in bleu], "o-",
-                     label="valid BLEU (greedy)")
+                     label="valid BLEU (beam search)")
         axes[2].set_xlabel("update")
         axes[2].legend()
     fig.tight_layout()

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NmtError
+from nmt.runtime import resolve_device
 
 log = logging.getLogger("nmt.train")
 
@@ -49,18 +50,10 @@ def env_dist_info() -> DistInfo:
 
 
 def pick_device(requested: str, info: DistInfo) -> torch.device:
-    """'auto' means cuda:LOCAL_RANK when CUDA is available, else cpu."""
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(requested)
-    except RuntimeError:
-        raise NmtError(f"unknown device '{requested}' (use cpu, cuda, cuda:N or auto)") from None
+    """The training device (nmt.runtime.resolve_device): 'auto' or 'cuda' mean
+    cuda:LOCAL_RANK when CUDA is available ('auto': else cpu); a GPU becomes the current one."""
+    device = resolve_device(requested, local_rank=info.local_rank)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise NmtError("--device cuda requested but CUDA is not available")
-        if device.index is None:
-            device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     return device
 
@@ -117,15 +110,6 @@ def all_gather_object(obj: Any, info: DistInfo) -> list[Any]:
     out: list[Any] = [None] * info.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(obj: Any, info: DistInfo) -> Any:
-    """rank 0's ``obj`` on every rank."""
-    if not info.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def barrier(info: DistInfo) -> None:

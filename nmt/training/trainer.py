@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import random
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -19,14 +18,13 @@ import torch
 from torch import nn
 
 from nmt.data.batching import Batch, dummy_batch
-from nmt.errors import NmtError
+from nmt.runtime import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS re-exported)
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss
 from nmt.training.optim import InverseSqrtSchedule, make_optimizer
+from nmt.training.policy import StepSignals
 
 log = logging.getLogger("nmt.train")
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -41,7 +39,7 @@ class StepStats:
     src_ntokens: int
     lr: float
     skipped: bool            # not applied: no tokens, or a non-finite loss/gradient
-    flags: list[float]       # per-rank flags summed over the ranks (see Trainer.train_step)
+    signals: StepSignals     # save/stop signals, raised when any rank raised them
     nonfinite: bool = False  # the loss or the gradient norm was NaN/inf (fp16: overflow)
 
 
@@ -52,11 +50,7 @@ class Trainer:
                  dist_info: DistInfo | None = None, pad_idx: int = 0):
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
-        if precision not in PRECISIONS:
-            raise NmtError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-        if precision != "fp32" and self.device.type != "cuda":
-            raise NmtError(f"--precision {precision} needs a CUDA device; use fp32 on "
-                           f"{self.device.type}")
+        dtype = check_precision(precision, self.device, training=True)  # bf16/fp16: CUDA
         self.precision = precision
         self.model = model.to(self.device)
         self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx)
@@ -73,7 +67,7 @@ class Trainer:
         self.clip_norm = clip_norm
         self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 7)
                        if precision == "fp16" else None)
-        self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.amp_dtype = None if precision == "fp32" else dtype
         self._dummy = dummy_batch().to(self.device)
         self.num_skipped = 0
         self.nonfinite_in_a_row = 0   # consecutive updates skipped for a NaN/inf loss or gradient
@@ -87,13 +81,13 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
-    def train_step(self, batches: Sequence[Batch | None], flags: Sequence[float] = ()) -> StepStats:
+    def train_step(self, batches: Sequence[Batch | None],
+                   signals: StepSignals | None = None) -> StepStats:
         """One update over ``batches`` (this rank's micro-batches; ``None`` = nothing left).
 
-        ``flags`` are small numbers (e.g. "save now", "time is up", "a signal arrived"); they
+        ``signals`` (nmt.training.policy.StepSignals: save now, time is up, a signal arrived)
         are summed across ranks with the statistics, so every rank takes the same decision
-        without an extra collective. Decisions only rank 0 may take (its clock) are passed as 0
-        by the other ranks.
+        without an extra collective; the returned ``StepStats.signals`` are the combined ones.
 
         A NaN or infinite loss or gradient norm never reaches the weights or Adam's moments:
         the update is skipped (and with fp16 the loss scale lowered), ``nonfinite`` is set and
@@ -101,6 +95,25 @@ class Trainer:
         """
         self.wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
+        sums = self._forward_backward(batches)
+        loss_sum, nll_sum, counts, flags = self._reduce(sums, (signals or StepSignals()).to_floats())
+        ntok = counts[0]
+        gnorm = self._normalise_and_clip(ntok)
+        lr = self.schedule.prepare_step()
+        # One host sync per update, so that NaN/inf never reaches the weights or Adam's
+        # moments. loss_sum and gnorm are all-reduced values: every rank decides alike.
+        nonfinite = ntok > 0 and not bool(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
+        skipped = self._apply(ntok, nonfinite)
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if nonfinite else 0
+        if skipped:
+            self.num_skipped += 1
+        else:
+            self.schedule.advance()
+        return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, counts[1], counts[2], lr,
+                         skipped, StepSignals.from_floats(flags), nonfinite)
+
+    def _forward_backward(self, batches: Sequence[Batch | None]) -> tuple:
+        """Forward and backward over this rank's micro-batches; (loss, nll, ntok, nsent, nsrc)."""
         # float64 sums: thousands of per-token losses over update_freq micro-batches.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -127,24 +140,26 @@ class Trainer:
             ntok += b.ntokens
             nsent += b.nsentences
             nsrc += b.src_ntokens
+        return loss_sum, nll_sum, ntok, nsent, nsrc
 
-        flags = list(flags)
-        if self.dist.enabled:
-            # One small collective: [loss, nll, ntokens, nsentences, src tokens, *flags].
-            stats = torch.tensor([0.0, 0.0, ntok, nsent, nsrc, *flags], dtype=torch.float64,
-                                 device=self.device)
-            stats[0] = loss_sum.double()
-            stats[1] = nll_sum.double()
-            all_reduce_sum(stats, self.dist)
-            vals = stats.tolist()
-            loss_sum = stats[0]
-            nll_sum = stats[1]
-            ntok, nsent, nsrc = int(vals[2]), int(vals[3]), int(vals[4])
-            flags = vals[5:]
+    def _reduce(self, sums: tuple, flags: list[float]) -> tuple:
+        """Sum the update's statistics and flags over the ranks in one small collective."""
+        loss_sum, nll_sum, ntok, nsent, nsrc = sums
+        if not self.dist.enabled:
+            return loss_sum, nll_sum, (ntok, nsent, nsrc), flags
+        stats = torch.tensor([0.0, 0.0, ntok, nsent, nsrc, *flags], dtype=torch.float64,
+                             device=self.device)
+        stats[0] = loss_sum.double()
+        stats[1] = nll_sum.double()
+        all_reduce_sum(stats, self.dist)
+        vals = stats.tolist()
+        return stats[0], stats[1], (int(vals[2]), int(vals[3]), int(vals[4])), vals[5:]
 
+    def _normalise_and_clip(self, ntok: int) -> torch.Tensor:
+        """Gradients are sums over tokens: make them means over the update's tokens, clip;
+        returns the norm before clipping."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        # Gradients are sums over tokens; make them means over the update's tokens.
         grads = [p.grad for p in self.params if p.grad is not None]
         if ntok > 0 and grads:
             torch._foreach_mul_(grads, 1.0 / ntok)
@@ -152,33 +167,24 @@ class Trainer:
                  else torch.zeros((), device=self.device))
         if self.clip_norm > 0 and grads:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_norm, gnorm)
+        return gnorm
 
-        lr = self.schedule.prepare_step()
-        # One host sync per update, so that NaN/inf never reaches the weights or Adam's
-        # moments. loss_sum and gnorm are all-reduced values: every rank decides alike.
-        nonfinite = ntok > 0 and not bool(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
-        skipped = False
+    def _apply(self, ntok: int, nonfinite: bool) -> bool:
+        """The optimizer step, unless there is nothing to apply; True when skipped."""
         if ntok == 0:
-            skipped = True
-        elif nonfinite:
-            skipped = True
+            return True
+        if nonfinite:
             if self.scaler is not None:
                 # unscale_ recorded the overflow; update() halves the scale (no step taken).
                 self.scaler.update()
-        elif self.scaler is not None:
+            return True
+        if self.scaler is not None:
             scale_before = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            skipped = self.scaler.get_scale() < scale_before
-        else:
-            self.optimizer.step()
-        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if nonfinite else 0
-        if skipped:
-            self.num_skipped += 1
-        else:
-            self.schedule.advance()
-        return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, nsent, nsrc, lr, skipped, flags,
-                         nonfinite)
+            return self.scaler.get_scale() < scale_before
+        self.optimizer.step()
+        return False
 
     @torch.no_grad()
     def valid_step(self, batch: Batch | None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -233,8 +239,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
-
-def format_stat(x: float) -> str:
-    if math.isnan(x) or math.isinf(x):
-        return str(x)
-    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}"

@@ -1,14 +1,26 @@
-"""Validation during training: loss/perplexity on all ranks, greedy BLEU on rank 0."""
+"""Validation during training: loss/perplexity on all ranks; decoding scores on rank 0.
+
+Decoding-based scores (BLEU, chrF, bracket F1) translate the validation split with the same
+code as ``nmt-generate`` (``nmt.search.Translator``, beam search with the given
+``SearchConfig``), and score with the same code as ``nmt-score`` (``nmt.metrics.scoring``),
+against the raw reference file the split was made from when it can be found (as a user would
+score ``nmt-generate`` output), else against the decoded references.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
-from nmt.data.batching import BOS, EOS, PAD, TokenBatchSampler, collate
+from nmt.data.batching import TokenBatchSampler, collate
+from nmt.errors import NmtError
+from nmt.search.config import SearchConfig
 from nmt.training.distributed import DistInfo, all_reduce_sum
 
 log = logging.getLogger("nmt.train")
@@ -36,60 +48,101 @@ def validation_loss(trainer, dataset, sampler: TokenBatchSampler,
             "ppl": math.exp(min(mean_nll, 700.0)), "ntokens": int(ntok_v)}
 
 
-@torch.no_grad()
-def greedy_decode(model, src_tokens: torch.Tensor, max_len_a: float = 1.0,
-                  max_len_b: int = 50) -> list[list[int]]:
-    """Greedy search with the model's incremental decoder; ids without eos, one list per row.
+@dataclass
+class References:
+    """What decoded validation output is scored against."""
 
-    src_tokens [B, S] right-padded with eos at the end of each row.
-    """
+    lines: list[str]
+    origin: str                  # the file, or "decoded references"
+    sources: list[str] | None = None   # source words (bracket F1 de-linearizes over them)
+
+
+def _split_file(data, split: str, suffix: str) -> Path | None:
+    """The raw file ``<prefix>.<suffix>`` that ``split`` was binarized from, if it exists."""
+    info_of = getattr(data, "split_info", None)
+    if info_of is None:
+        return None
+    info = info_of(split)
+    prefix = info.get("source_path") or info.get("source_prefix")
+    if not prefix:
+        return None
+    candidates = [Path(f"{prefix}.{suffix}")]
+    base = getattr(data, "path", None)
+    if base is not None and not os.path.isabs(prefix):
+        candidates.append(Path(base).parent / f"{prefix}.{suffix}")
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def load_references(data, split: str, dataset, metrics: Sequence[str]) -> References:
+    """Raw references of ``split`` (gold trees for bracket-f1), checked against its size."""
+    from nmt.io import read_lines
+
+    n = len(dataset)
+    if "bracket-f1" in metrics:
+        gold = _split_file(data, split, "gold")
+        if gold is None:
+            raise NmtError(f"--best-checkpoint-metric bracket-f1 needs the gold trees of the "
+                           f"'{split}' split (<prefix>.gold beside the files it was made from, "
+                           f"as examples/parsing_wsj/prepare.py writes them)")
+        lines = read_lines(gold)
+        words = [data.src_codec.decode(dataset.src(i).tolist()) for i in range(n)]
+        _check_count(lines, n, gold)
+        return References(lines, str(gold), words)
+    raw = _split_file(data, split, data.tgt_lang)
+    if raw is not None:
+        lines = read_lines(raw)
+        if len(lines) == n:
+            return References(lines, str(raw))
+        log.warning("%s has %d lines but split '%s' has %d sentences: scoring against the "
+                    "decoded references", raw, len(lines), split, n)
+    decoded = [data.tgt_codec.decode(dataset.tgt(i).tolist()) for i in range(n)]
+    return References(decoded, "decoded references")
+
+
+def _check_count(lines: Sequence[str], n: int, path: Path) -> None:
+    if len(lines) != n:
+        raise NmtError(f"{path} has {len(lines)} lines but the validation split has {n} "
+                       f"sentences")
+
+
+def decode_split(model, data, dataset, search: SearchConfig,
+                 device: torch.device) -> list[str]:
+    """Translations of every sentence of ``dataset``, in order, as nmt-generate makes them."""
+    from nmt.search.translator import Translator
+
+    was_training = model.training
     model.eval()
-    b = src_tokens.size(0)
-    src_len = src_tokens.ne(PAD).sum(1)                                  # [B]
-    max_len = int(max_len_a * int(src_len.max()) + max_len_b)
-    enc = model.encode(src_tokens)
-    state = model.init_state(enc, group=1)
-    prev = torch.full((b, 1), BOS, dtype=torch.long, device=src_tokens.device)
-    out = torch.full((b, max_len), PAD, dtype=torch.long, device=src_tokens.device)
-    done = torch.zeros(b, dtype=torch.bool, device=src_tokens.device)
-    limit = (max_len_a * src_len.double() + max_len_b).long()           # [B] per-row limit
-    for t in range(max_len):
-        logits, state = model.decode(prev, state)                        # [B, 1, V]
-        lp = logits[:, -1].float()
-        lp[:, PAD] = -math.inf
-        lp[:, BOS] = -math.inf
-        nxt = lp.argmax(-1)                                              # [B]
-        nxt = torch.where(done | (t >= limit), torch.full_like(nxt, EOS), nxt)
-        out[:, t] = torch.where(done, torch.full_like(nxt, PAD), nxt)
-        done |= nxt.eq(EOS)
-        if bool(done.all()):
-            break
-        prev = nxt.unsqueeze(1)
-    hyps = []
-    for row in out.tolist():
-        ids = []
-        for tok in row:
-            if tok in (EOS, PAD):
-                break
-            ids.append(tok)
-        hyps.append(ids)
-    return hyps
+    try:
+        translator = Translator([model], data.src_codec, data.tgt_codec, search=search,
+                                device=device)
+        ids = [dataset.src(i) for i in range(len(dataset))]
+        return [r.text for r in translator.translate_ids(ids, sources=[""] * len(ids))]
+    finally:
+        model.train(was_training)
 
 
-def validation_bleu(model, dataset, tgt_codec, device: torch.device, max_tokens: int,
-                    max_len_a: float, max_len_b: int) -> dict[str, Any]:
-    """Corpus BLEU of greedy translations against the decoded (detokenized) references."""
-    import sacrebleu
+def decoding_scores(model, data, dataset, refs: References, search: SearchConfig,
+                    device: torch.device, metrics: Sequence[str]) -> dict[str, Any]:
+    """{metric: score} for the decoded validation split (sacreBLEU BLEU/chrF, bracket F1)."""
+    from nmt.metrics.scoring import ScoreOptions, corpus_score
 
-    sampler = TokenBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens, shuffle=False)
-    hyps: dict[int, str] = {}
-    refs: dict[int, str] = {}
-    for idx in sampler.global_batches(0):
-        batch = collate(dataset, idx)
-        out = greedy_decode(model, batch.src_tokens.to(device), max_len_a, max_len_b)
-        for i, ids in zip(idx.tolist(), out):
-            hyps[i] = tgt_codec.decode(ids)
-            refs[i] = tgt_codec.decode(dataset.tgt(i).tolist())
-    order = sorted(hyps)
-    bleu = sacrebleu.corpus_bleu([hyps[i] for i in order], [[refs[i] for i in order]])
-    return {"bleu": round(bleu.score, 2), "bleu_sentences": len(order)}
+    hyps = decode_split(model, data, dataset, search, device)
+    out: dict[str, Any] = {}
+    for metric in metrics:
+        if metric == "bracket-f1":
+            from nmt.tasks.parsing import delinearize
+            from nmt.tasks.trees import to_string
+
+            trees = [to_string(delinearize(h, (refs.sources or [""])[i].split()))
+                     for i, h in enumerate(hyps)]
+            score = corpus_score(metric, trees, [refs.lines], ScoreOptions())
+            out["bracket_f1"] = round(score.score, 2)
+        else:
+            score = corpus_score(metric, hyps, [refs.lines], ScoreOptions())
+            out[metric] = round(score.score, 2)
+    out["decoded_sentences"] = len(hyps)
+    return out
+
+
+__all__ = ["validation_loss", "load_references", "decode_split", "decoding_scores",
+           "References"]

@@ -1,4 +1,6 @@
-"""Checkpoint files: self-contained, written atomically, loaded with ``weights_only=True``.
+"""Checkpoint files, shared by training, decoding and averaging: the format (one place,
+:func:`make_checkpoint`), atomic writing, safe loading (``weights_only=True``), validation, and
+rebuilding the model and codecs a checkpoint describes.
 
 The format (docs/DESIGN.md, "Checkpoint") is a plain dict of python types and tensors, so that
 ``torch.load(weights_only=True)`` can read it without running any pickled code::
@@ -25,7 +27,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.io import atomic_write
+from nmt.io import atomic_write, check_readable
 
 FORMAT_VERSION = 1
 
@@ -56,13 +58,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     Only tensors and plain python containers are unpickled (``weights_only=True``): a file that
     asks to construct arbitrary objects (a crafted pickle) is refused, not executed.
     """
-    p = Path(path)
-    if not p.exists():
-        raise NmtError(f"{p}: no such checkpoint")
-    if p.is_dir():
-        raise NmtError(f"{p}: is a directory, expected a checkpoint file")
-    if not os.access(p, os.R_OK):
-        raise NmtError(f"{p}: permission denied")
+    p = check_readable(path, "checkpoint", expected="a checkpoint file")
     if p.stat().st_size == 0:
         raise NmtError(f"{p}: empty file, not a checkpoint")
     try:
@@ -102,6 +98,60 @@ def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
     if not isinstance(ckpt["model"], dict) or not all(
             isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
         raise NmtError(f"{name}: incomplete checkpoint, 'model' is not a tensor dictionary")
+
+
+def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torch.Tensor],
+                    share_all_embeddings: bool, src_codec, tgt_codec, src_lang: str = "src",
+                    tgt_lang: str = "tgt", data_dir: str | None = None,
+                    training: Mapping[str, Any] | None = None) -> dict:
+    """The checkpoint dictionary of a model and its codecs (the one place that spells out the
+    format). ``src_codec``/``tgt_codec`` are TextCodec objects or their ``to_state()``;
+    ``training`` adds the training keys (train_config, optimizer, scheduler, scaler, rng,
+    progress) to make a resumable training checkpoint."""
+    from nmt.version import __version__
+
+    def state(codec) -> dict:
+        return codec if isinstance(codec, Mapping) else codec.to_state()
+
+    src_state, tgt_state = state(src_codec), state(tgt_codec)
+    ckpt = {
+        "format_version": FORMAT_VERSION,
+        "nmt_version": __version__,
+        "model_config": model_config.to_dict(),
+        "share_all_embeddings": bool(share_all_embeddings),
+        "src_vocab_size": _codec_size(src_codec),
+        "tgt_vocab_size": _codec_size(tgt_codec),
+        "src_lang": src_lang,
+        "tgt_lang": tgt_lang,
+        "data_dir": None if data_dir is None else str(data_dir),
+        "src_codec": src_state,
+        "tgt_codec": tgt_state,
+        "model": dict(model_state),
+    }
+    if training is not None:
+        unknown = set(training) - set(TRAINING_KEYS)
+        if unknown:
+            raise ValueError(f"not training keys: {', '.join(sorted(unknown))}")
+        ckpt.update(training)
+    return ckpt
+
+
+def _codec_size(codec) -> int:
+    if isinstance(codec, Mapping):
+        from nmt.data.codec import TextCodec  # late: needs sentencepiece etc.
+
+        codec = TextCodec.from_state(codec)
+    return len(codec.dictionary)
+
+
+def codecs_from_checkpoint(ckpt: Mapping[str, Any], name: str = "checkpoint"):
+    """(source, target) TextCodec objects rebuilt from a checkpoint."""
+    from nmt.data.codec import TextCodec  # late: needs sentencepiece etc.
+
+    try:
+        return TextCodec.from_state(ckpt["src_codec"]), TextCodec.from_state(ckpt["tgt_codec"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise NmtError(f"{name}: checkpoint has an unreadable text codec ({e})") from None
 
 
 def vocab_sizes(ckpt: Mapping[str, Any]) -> tuple[int, int]:

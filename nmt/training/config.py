@@ -1,0 +1,152 @@
+"""``TrainConfig``: every option of a training run that is not the model, written once.
+
+Each field carries its default and its help (``nmt.options.option``); ``nmt-train`` builds its
+command-line options from these fields, and the config is saved in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nmt.errors import UsageError
+from nmt.options import option
+
+METRICS = ("loss", "bleu", "chrf", "bracket-f1")
+
+
+def parse_duration(text: str | float | None) -> float:
+    """'3600', '90s', '45m', '10h', '1d' or 'HH:MM:SS' -> seconds."""
+    if text is None or text == "":
+        return 0.0
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = text.strip().lower()
+    bad = UsageError(f"--max-time '{text}': expected e.g. 90m, 10h or HH:MM:SS")
+    if ":" in s:
+        try:
+            vals = [float(p) for p in s.split(":")]
+        except ValueError:
+            raise bad from None
+        secs = 0.0
+        for v in vals:
+            secs = secs * 60 + v
+        return secs
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([smhd]?)", s)
+    if not m:
+        raise bad
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+@dataclass
+class TrainConfig:
+    """Everything about a run that is not the model architecture (saved in checkpoints)."""
+
+    # --- model -----------------------------------------------------------------------------
+    arch: str = option("transformer_base", "Registered architecture (see --list-archs).",
+                       short="-a")
+    overrides: dict = option(None, "Change a model hyperparameter, e.g. -o dropout=0.3 -o "
+                             "layers=4 (repeatable; unknown keys are an error).", cli=False)
+    share_all_embeddings: bool | None = option(
+        None, "Tie source/target embeddings and the output projection [default: when the "
+        "vocabulary is joined].", negatable=True)
+    # --- batches and optimisation ----------------------------------------------------------
+    max_tokens: int = option(4096, "Tokens per micro-batch and rank (padded, the longer side; "
+                             "the paper used about 25000 source + 25000 target tokens per step).")
+    max_sentences: int | None = option(None, "Also cap sentences per batch.")
+    update_freq: int = option(1, "Accumulate gradients over N micro-batches per update (a "
+                              "bigger batch on fewer devices).")
+    lr_scale: float = option(1.0, "Multiplies the learning rate of eq. 5.")
+    warmup: int = option(4000, "warmup_steps of eq. 5.")
+    clip_norm: float = option(0.0, "Clip the gradient norm to this value (0: no clipping, as "
+                              "the paper).")
+    seed: int = option(1, "Seed for initialisation, dropout and batch order.")
+    # --- when to stop --------------------------------------------------------------------------
+    max_update: int = option(0, "Stop after this many updates (0: no limit; the paper: 100000 "
+                             "base, 300000 big).")
+    max_epoch: int = option(0, "Stop after this many epochs (0: no limit).")
+    max_time: float = option(0.0, "Stop after this much wall time of this run: 3600, 90m, 12h, "
+                             "HH:MM:SS.", metavar="DURATION", parse=parse_duration,
+                             show_default=False)
+    patience: int = option(0, "Stop when this many validations in a row did not improve "
+                           "--best-checkpoint-metric (0: never).")
+    # --- checkpoints ---------------------------------------------------------------------------
+    save_dir: str = option("checkpoints", "Where checkpoints, train_log.jsonl and curves.png go.")
+    save_interval_updates: int = option(0, "Save every N updates (0: at the end of each epoch "
+                                        "unless --save-interval-minutes is given).")
+    save_interval_minutes: float = option(0.0, "Save every N minutes (the paper: 10).")
+    keep_last: int = option(5, "Keep the last K checkpoint_<update>.pt files (at least "
+                            "--average-last; the --average-best ones are kept too).")
+    average_last: int = option(0, "At the end, average the last N checkpoints (paper: 5 base, "
+                               "20 big) into checkpoint_avg<N>.pt.")
+    average_best: int = option(0, "At the end, average the N best checkpoints by "
+                               "--best-checkpoint-metric into checkpoint_avg_best<N>.pt.")
+    best_checkpoint_metric: str = option(
+        "loss", "Validation score that picks checkpoint_best.pt, --patience and --average-best: "
+        "loss (lower is better), bleu or chrf (sacreBLEU of the decoded validation split "
+        "against its raw references, higher is better), bracket-f1 (parsing data).",
+        choices=METRICS)
+    resume: bool = option(True, "Continue from the newest intact checkpoint in SAVE_DIR "
+                          "(checkpoint_last.pt or checkpoint_<update>.pt; unreadable ones are "
+                          "skipped with a warning): same weights, optimizer, learning rate, RNG "
+                          "and next batch.", negatable=True)
+    # --- validation ----------------------------------------------------------------------------
+    validate_interval_updates: int | None = option(None, "Validate every N updates [default: "
+                                                   "at every save].")
+    valid_subset: str = option("valid", "Split used for validation.")
+    valid_bleu: bool = option(False, "Also report BLEU and chrF of the decoded validation split "
+                              "at each validation (implied by --best-checkpoint-metric "
+                              "bleu/chrf).")
+    valid_beam: int | None = option(None, "Beam size of validation decoding [default: the "
+                                    "preset's, as nmt-generate].")
+    valid_lenpen: float | None = option(None, "Length penalty of validation decoding "
+                                        "[default: the preset's].")
+    valid_max_len_a: float | None = option(None, "Validation output length limit a * source "
+                                           "+ b, a [default: the preset's].")
+    valid_max_len_b: int | None = option(None, "... and b [default: the preset's].")
+    # --- machine -------------------------------------------------------------------------------
+    precision: str = option("fp32", "bf16 or fp16 (dynamic loss scaling, overflowing steps "
+                            "skipped) need CUDA.", cli=False)
+    device: str = option("auto", "cpu, cuda, cuda:N or auto.", cli=False)
+    log_interval: int = option(100, "Log training statistics every N updates.")
+    ddp_timeout: float = option(30.0, "Minutes a rank waits for the others in a collective "
+                                "before it exits with an error (torchrun runs: a dead or hung "
+                                "rank stops the whole job).")
+    max_nonfinite: int = option(10, "Stop with an error after this many updates in a row with "
+                                "a NaN/inf loss or gradient (each is skipped, never applied; "
+                                "fp16 also lowers the loss scale).")
+
+    def __post_init__(self) -> None:
+        if self.overrides is None:
+            self.overrides = {}
+        self.max_time = parse_duration(self.max_time)
+
+    @property
+    def metric_needs_decoding(self) -> bool:
+        return self.best_checkpoint_metric != "loss" or self.valid_bleu
+
+    def check(self) -> None:
+        for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+        for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
+                     "average_last", "average_best", "patience"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
+        if self.max_time < 0 or self.save_interval_minutes < 0 or self.clip_norm < 0:
+            raise UsageError("--max-time, --save-interval-minutes and --clip-norm must be >= 0")
+        if self.lr_scale <= 0:
+            raise UsageError("--lr-scale must be > 0")
+        if (self.max_update == 0 and self.max_epoch == 0 and self.max_time == 0
+                and self.patience == 0):
+            raise UsageError("give a stopping criterion: --max-update, --max-epoch, --max-time "
+                             "or --patience")
+        if not self.ddp_timeout > 0:
+            raise UsageError("--ddp-timeout must be > 0")
+        if self.best_checkpoint_metric not in METRICS:
+            raise UsageError(f"--best-checkpoint-metric must be one of {', '.join(METRICS)}")
+        if self.valid_beam is not None and self.valid_beam < 1:
+            raise UsageError("--valid-beam must be >= 1")
+
+
+__all__ = ["TrainConfig", "METRICS", "parse_duration"]

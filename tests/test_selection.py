@@ -1,0 +1,114 @@
+"""Choosing checkpoints: the metric's direction, patience, --average-best, and validation
+decoding that is exactly nmt-generate + nmt-score."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.training.loop import Run, TrainConfig, train
+from nmt.training.selection import Selection
+from train_support import FakeData, write_reversal_corpus
+
+
+def run_cfg(tmp, **kw) -> TrainConfig:
+    base = dict(arch="transformer_tiny", max_tokens=120, warmup=10, log_interval=1,
+                save_dir=str(tmp), device="cpu", save_interval_updates=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_selection_direction_ties_and_patience():
+    loss = Selection("loss")
+    assert loss.observe(1, 3.0) and loss.observe(2, 2.5)
+    assert not loss.observe(3, 2.6) and loss.bad_in_a_row == 1
+    assert loss.observe(4, 2.5) and loss.best_update == 4      # a tie: the newer wins
+    assert loss.bad_in_a_row == 1                               # ... but is no improvement
+    assert not loss.observe(5, 9.0) and loss.out_of_patience(2) and not loss.out_of_patience(3)
+    assert loss.observe(6, 1.0) and loss.bad_in_a_row == 0
+    bleu = Selection("bleu")
+    assert bleu.observe(1, 10.0) and not bleu.observe(2, 9.0) and bleu.observe(3, 12.0)
+    for u, s in ((1, 10.0), (2, 9.0), (3, 12.0), (4, 12.0)):
+        bleu.record_saved(u, s)
+    assert bleu.best_updates(2) == [3, 4] and bleu.best_updates(3, {1, 2, 3}) == [1, 2, 3]
+    restored = Selection("bleu")
+    restored.load_state_dict(bleu.state_dict())
+    assert restored.state_dict() == bleu.state_dict()
+    other = Selection("loss")
+    other.load_state_dict(bleu.state_dict())                    # another metric: afresh
+    assert other.best is None
+
+
+def scripted_validation(monkeypatch, values, key="loss"):
+    """Run.validate returns the given scores, one per call, in order."""
+    calls = iter(values)
+
+    def validate(self, kind="valid", name=None):
+        v = next(calls)
+        stats = {"loss": 1.0, "nll_loss": 1.0, "ppl": 2.7, key: v}
+        self.jsonl.write({"kind": kind, "update": self.trainer.num_updates, **stats})
+        return stats
+
+    monkeypatch.setattr(Run, "validate", validate)
+
+
+def test_patience_stops_and_names_the_best_checkpoint(tmp_path, monkeypatch):
+    scripted_validation(monkeypatch, [5.0, 4.0, 4.5, 4.2, 4.1, 3.0], key="loss")
+    out = train(run_cfg(tmp_path, max_update=50, patience=3), FakeData(n_train=40), "fake")
+    # saves at updates 1..5: best at 2, then three without improvement -> stop at 5
+    assert out == (tmp_path / "checkpoint_best.pt").resolve()
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["progress"]["update"] == 5
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["progress"]["update"] == 2
+    # resuming a run that ran out of patience trains nothing more
+    train(run_cfg(tmp_path, max_update=50, patience=3), FakeData(n_train=40), "fake")
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["progress"]["update"] == 5
+
+
+def test_bleu_is_maximized_and_average_best_keeps_its_checkpoints(tmp_path, monkeypatch):
+    scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
+    monkeypatch.setattr(Run, "_score_checkpoint", lambda self, path: None)
+    out = train(run_cfg(tmp_path, max_update=6, best_checkpoint_metric="bleu", keep_last=1,
+                        average_best=2), FakeData(n_train=40), "fake")
+    assert out.name == "checkpoint_avg_best2.pt"
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["progress"]["update"] == 2
+    averaged = load_checkpoint(out)["averaged_from"]
+    assert [os.path.basename(p) for p in averaged] == ["checkpoint_2.pt", "checkpoint_4.pt"]
+    left = sorted(p.name for p in tmp_path.glob("checkpoint_[0-9]*.pt"))
+    assert left == ["checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_6.pt"]   # best 2 + last
+
+
+def run(args, stdin=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, input=stdin, capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_validation_scores_equal_nmt_generate_then_nmt_score(tmp_path):
+    data_dir = write_reversal_corpus(tmp_path, run, ())
+    save = tmp_path / "ck"
+    # 200 updates: enough for translations that are not empty (chrF > 0), a few seconds
+    r = run(["nmt-train", data_dir, "--arch", "transformer_tiny", "-o", "dropout=0",
+             "--max-tokens", "100", "--max-update", "200", "--warmup", "50", "--save-dir",
+             str(save), "--save-interval-updates", "100", "--best-checkpoint-metric", "chrf",
+             "--valid-bleu",
+             "--valid-beam", "3", "--valid-lenpen", "1.0", "--threads", "1"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str((save / "checkpoint_best.pt").resolve())
+    assert "scored against " + str(tmp_path / "valid.yy") in r.stderr      # the raw references
+    valid = [json.loads(x) for x in (save / "train_log.jsonl").read_text().splitlines()]
+    valid = [x for x in valid if x["kind"] == "valid"][-1]
+    assert valid["update"] == 200 and valid["chrf"] > 0
+    gen = run(["nmt-generate", str(save / "checkpoint_200.pt"), "--input", str(tmp_path / "valid.xx"),
+               "--beam", "3", "--lenpen", "1.0", "--threads", "1", "-q"])
+    assert gen.returncode == 0, gen.stderr
+    assert len(gen.stdout.splitlines()) == 8
+    hyp = tmp_path / "hyp.yy"
+    hyp.write_text(gen.stdout)
+    for metric in ("bleu", "chrf"):
+        sc = run(["nmt-score", "--hyp", str(hyp), "--ref", str(tmp_path / "valid.yy"),
+                  "--metric", metric, "--json"])
+        assert sc.returncode == 0, sc.stderr
+        assert round(json.loads(sc.stdout)["score_exact"], 2) == valid[metric], metric
