@@ -346,6 +346,51 @@ def test_parsing_run_sh_dry_run_commands_are_valid(tmp_path):
         validate_command(words)        # options and values accepted by the real CLIs
 
 
+def test_parsing_run_sh_sample_dry_run(tmp_path):
+    """--sample: the free ptb-sample's splits, a word vocabulary with <unk>, transformer_small
+    selected by validation bracket F1 and averaged, the test decoded with and without tree
+    constraints by the checkpoint nmt-train prints."""
+    import shlex
+    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
+    work = tmp_path / "w"
+    p = subprocess.run(["bash", script, "--dry-run", "--sample", "/data/ptb-sample", str(work)],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cmds = commands(p.stdout)
+    assert len(cmds) == 9 and not work.exists()
+    prepare, preprocess, train, gen, delin, score, gen_free, delin_free, score_free = cmds
+    assert prepare.endswith(f"/data/ptb-sample {work}/text --split train=0001-0159 "
+                            "--split valid=0160-0169 --split test=0170-0179")
+    # valid.gold (written by prepare.py into WORK/text) lies beside the valid split's files,
+    # where meta.json's source_path points: validation scores bracket F1 against it.
+    assert f"--validpref {work}/text/valid " in preprocess
+    assert "--subword none --threshold 2" in preprocess and "--vocab-size" not in preprocess
+    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 4000",
+                "--max-tokens 4096", "--best-checkpoint-metric bracket-f1", "--valid-beam 4",
+                "--valid-lenpen 0.3 --valid-max-len-a 1 --valid-max-len-b 300", "--patience 6",
+                "--average-best 5", "--max-time 110m", "--device cpu --threads 2",
+                f"> {work}/results/checkpoint.txt"]:
+        assert opt in train, opt
+    assert "torchrun" not in train
+    selected = f"{work}/checkpoints/checkpoint_avg_best5.pt"
+    assert f"checkpoint.txt: {selected}" in p.stdout      # what nmt-train will print
+    for g in (gen, gen_free):
+        assert g.startswith(f"nmt-generate {selected} --input {work}/text/test.words")
+        assert "--beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300" in g
+    assert "--no-tree-constraints" in gen_free and "--no-tree-constraints" not in gen
+    assert "--tags" in delin and f"2> {work}/results/repairs.txt" in delin
+    assert f"2> {work}/results/repairs.free.txt" in delin_free
+    assert f"--ref {work}/text/test.gold" in score and "--metric bracket-f1" in score
+    assert "test.free.trees" in score_free and "bracket_f1.free.txt" in score_free
+    for c in cmds:
+        validate_command(shlex.split(c.split(" > ")[0]))
+    short = subprocess.run(["bash", script, "--dry-run", "--sample", "/data/ptb-sample",
+                            "--max-update", "10"], capture_output=True, text=True, env=ENV,
+                           timeout=60)
+    assert short.returncode == 0 and "--max-update 10 " in short.stdout
+    assert "parsing_wsj_sample/text" in short.stdout          # the default work folder
+
+
 def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     script = str(EXAMPLES / "parsing_wsj" / "run.sh")
     p = subprocess.run(["bash", script, "--tiny", str(FIXTURES.parent / "parsing" / "mini"),
@@ -356,6 +401,12 @@ def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     again = subprocess.run(["bash", script, "--tiny", "", str(tmp_path)], capture_output=True,
                            text=True, env=ENV, timeout=60)
     assert again.returncode == 0 and again.stderr.count("already complete, skipping") == 6
+    # Validation by bracket F1 reads <source_path>.gold: prepare.py's gold trees.
+    import json
+    meta = json.loads((tmp_path / "data-bin" / "meta.json").read_text())
+    assert Path(meta["splits"]["valid"]["source_path"] + ".gold") == \
+        (tmp_path / "text" / "valid.gold").resolve()
+    assert (tmp_path / "text" / "valid.gold").is_file()
 
 
 def test_parsing_run_sh_needs_a_treebank(tmp_path):
@@ -365,3 +416,12 @@ def test_parsing_run_sh_needs_a_treebank(tmp_path):
     p = subprocess.run(["bash", script, str(tmp_path / "nope")], capture_output=True, text=True,
                        env=ENV, timeout=60)
     assert p.returncode == 1 and "no such file or folder" in p.stderr
+    p = subprocess.run(["bash", script, "--sample"], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    assert p.returncode == 2 and "Penn Treebank sample" in p.stderr
+    p = subprocess.run(["bash", script, "--sample", "--gpus", "2", "x"], capture_output=True,
+                       text=True, env=ENV, timeout=60)
+    assert p.returncode == 2 and "--gpus" in p.stderr
+    p = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    assert p.returncode == 0 and "--sample" in p.stdout and "0170-0179" in p.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -214,3 +216,29 @@ def test_prepare_and_delinearize_scripts(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "has 2 lines but" in r.stderr
+
+
+def test_bracket_f1_validation_scores_trees_over_the_raw_words(tmp_path):
+    # The valid split's words are unknown to the training vocabulary: the validation trees must
+    # be built over the raw words (EVALB rejects '<unk>' as a word that differs from the gold).
+    prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=1-2"),
+                                        SplitSpec.parse("valid=0003-0003")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pre = subprocess.run(["nmt-preprocess", "-s", "words", "-t", "lin", "--trainpref",
+                          str(tmp_path / "train"), "--validpref", str(tmp_path / "valid"),
+                          "--destdir", str(tmp_path / "bin"), "--subword", "none",
+                          "--max-len", "0", "--max-len-ratio", "0", "-q"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert pre.returncode == 0, pre.stderr
+    save = tmp_path / "ck"
+    r = subprocess.run(["nmt-train", str(tmp_path / "bin"), "--arch", "transformer_tiny",
+                        "--max-update", "2", "--warmup", "2", "--save-interval-updates", "2",
+                        "--best-checkpoint-metric", "bracket-f1", "--valid-beam", "2",
+                        "--valid-max-len-b", "40", "--save-dir", str(save), "--threads", "1"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    valid = [json.loads(x) for x in (save / "train_log.jsonl").read_text().splitlines()
+             if '"valid"' in x]
+    assert valid and 0.0 <= valid[-1]["bracket_f1"] <= 100.0
+    assert valid[-1]["bracket_f1_sentences"] == 1          # scored, not skipped as an error
+    assert str(tmp_path / "valid.gold") in r.stderr

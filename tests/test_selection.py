@@ -112,3 +112,15 @@ def test_validation_scores_equal_nmt_generate_then_nmt_score(tmp_path):
                   "--metric", metric, "--json"])
         assert sc.returncode == 0, sc.stderr
         assert round(json.loads(sc.stdout)["score_exact"], 2) == valid[metric], metric
+
+
+def test_valid_bleu_with_learned_positions_and_long_sentences(tmp_path):
+    # The old validation decoder counted the source's eos in the length limit and never capped
+    # at the model's positions: a validation sentence near max_positions crashed it.
+    data = FakeData(n_train=30, n_valid=8, max_len=30)
+    cfg = run_cfg(tmp_path, max_update=2, valid_bleu=True, max_tokens=400,
+                  overrides={"positional": "learned", "max_positions": "12"})
+    train(cfg, data, "fake")
+    rec = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    valid = [r for r in rec if r["kind"] == "valid"]
+    assert len(valid) == 2 and all(r["decoded_sentences"] == 8 for r in valid)

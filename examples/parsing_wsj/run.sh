@@ -2,6 +2,7 @@
 # Section 6.3 of the paper, WSJ only: English constituency parsing as translation.
 #
 #   examples/parsing_wsj/run.sh [options] TREEBANK [WORK_DIR]
+#   examples/parsing_wsj/run.sh --sample PTB_SAMPLE_DIR [WORK_DIR]
 #
 # TREEBANK is your licensed copy of the Penn Treebank WSJ .mrg files (e.g. LDC99T42
 # treebank_3/parsed/mrg/wsj, searched recursively): it is never downloaded. Sections 02-21
@@ -10,8 +11,15 @@
 #
 # Options:
 #   --gpus N        GPUs on this machine (N > 1 launches torchrun)          [1]
-#   --max-update N  training updates (not given in the paper; see README)  [$MAX_UPDATE or 30000]
+#   --max-update N  training updates (not given in the paper; see README)
+#                   [$MAX_UPDATE, else 30000; --sample: 4000]
 #   --dry-run       print the commands instead of running them
+#   --sample        PTB_SAMPLE_DIR is the free NLTK sample (wsj_0001.mrg .. wsj_0179.mrg): train
+#                   0001-0159, valid 0160-0169, test 0170-0179; the words seen twice or more
+#                   as vocabulary; transformer_small, dropout 0.3, checkpoints chosen by
+#                   validation bracket F1 (beam 4), the 5 best averaged; at most 110 minutes of
+#                   training on 2 CPU threads. Test decoded with and without tree constraints
+#                   (README: "The treebank sample on a CPU"). WORK_DIR default ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
 #
@@ -22,9 +30,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 gpus=1
-max_update="${MAX_UPDATE:-30000}"
+max_update="${MAX_UPDATE:-}"
 dry_run=0
 tiny=0
+sample=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,23 +41,54 @@ while [ $# -gt 0 ]; do
     --max-update) max_update="${2:?--max-update needs a number}"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --tiny) tiny=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sample) sample=1; shift ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 
-case "$gpus/$max_update" in
+case "$gpus/${max_update:-1}" in
   *[!0-9/]*|/*|*/|0/*) echo "run.sh: error: --gpus and --max-update take positive numbers" >&2; exit 2 ;;
 esac
+if [ "$tiny" = 1 ] && [ "$sample" = 1 ]; then
+  echo "run.sh: error: --tiny and --sample exclude each other" >&2; exit 2
+fi
+if [ "$sample" = 1 ] && [ "$gpus" -gt 1 ]; then
+  echo "run.sh: error: --sample trains on 2 CPU threads; --gpus is for the full treebank" >&2; exit 2
+fi
 
 if [ "$tiny" = 1 ]; then
   treebank="${args[0]:-$repo/tests/fixtures/parsing/mini}"
   work="${args[1]:-parsing_wsj_tiny}"
   splits=(--split train=0001-0003 --split valid=0001-0003 --split test=0001-0003)
-  arch=transformer_tiny; max_update=6; warmup=4; vocab=16000
+  arch=transformer_tiny; max_update=6; warmup=4
+  vocab_opts=(--vocab-size 16000)
+  model_opts=(-o dropout=0.2 -o attention_dropout=0.2)
   train_opts=(--max-tokens 512 --save-interval-updates 2 --keep-last 1 --device cpu --threads 1)
   gen_opts=(--device cpu --threads 1)
+elif [ "$sample" = 1 ]; then
+  if [ "${#args[@]}" -lt 1 ]; then
+    echo "run.sh: error: give the folder of the Penn Treebank sample (wsj_0001.mrg .. wsj_0179.mrg; see --help)" >&2
+    exit 2
+  fi
+  # The free Penn Treebank sample (NLTK's; 3,669 sentences in 0001-0179) on 2 CPU threads in 2 h;
+  # every choice is explained in README.md, "The treebank sample on a CPU".
+  treebank="${args[0]}"
+  work="${args[1]:-parsing_wsj_sample}"
+  splits=(--split train=0001-0159 --split valid=0160-0169 --split test=0170-0179)
+  arch=transformer_small; warmup=1000; max_update="${max_update:-4000}"
+  # Words seen once map to <unk>, so that the model learns <unk> for the test's unknown words.
+  vocab_opts=(--threshold 2)
+  model_opts=(-o dropout=0.3 -o attention_dropout=0.2)
+  # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
+  # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
+  # 4000 updates are ~75-110 minutes at 0.6-0.9 updates/s; --max-time bounds the run anyway.
+  train_opts=(--max-tokens 4096 --lr-scale 1.5 --save-interval-updates 250 --keep-last 1
+              --best-checkpoint-metric bracket-f1 --valid-beam 4 --valid-lenpen 0.3
+              --valid-max-len-a 1 --valid-max-len-b 300 --patience 6 --average-best 5
+              --max-time 110m --device cpu --threads 2)
+  gen_opts=(--device cpu --threads 2)
 else
   if [ "${#args[@]}" -lt 1 ]; then
     echo "run.sh: error: give the folder of your Penn Treebank WSJ .mrg files (see --help)" >&2
@@ -57,7 +97,9 @@ else
   treebank="${args[0]}"
   work="${args[1]:-parsing_wsj}"
   splits=(--split train=0200-2199 --split valid=2200-2299 --split test=2300-2399)
-  arch=transformer_parse; warmup=16000; vocab=16000
+  arch=transformer_parse; warmup=16000; max_update="${max_update:-30000}"
+  vocab_opts=(--vocab-size 16000)
+  model_opts=(-o dropout=0.2 -o attention_dropout=0.2)
   # ~25000 tokens per update as the base translation model: 3125 per GPU x update-freq.
   update_freq=$(( (8 + gpus - 1) / gpus ))
   train_opts=(--max-tokens 3125 --update-freq "$update_freq" --save-interval-updates 1000
@@ -70,21 +112,27 @@ fi
 
 data="$work/text"; bin="$work/data-bin"; ckpt="$work/checkpoints"; out="$work/results"
 
-# step NAME [--stdout FILE] CMD...: run CMD (print it in a dry run) unless WORK/.done/NAME
-# exists, then write that marker. --stdout FILE is written through FILE.tmp and renamed, so a
-# half-written FILE never exists.
+# step NAME [--stdout FILE] [--stderr FILE] CMD...: run CMD (print it in a dry run) unless
+# WORK/.done/NAME exists, then write that marker. --stdout FILE is written through FILE.tmp and
+# renamed, so a half-written FILE never exists; --stderr FILE keeps a copy of CMD's stderr.
 step() {
-  local name="$1" dest=""; shift
+  local name="$1" dest="" errlog=""; shift
   if [ "$1" = --stdout ]; then dest="$2"; shift 2; fi
+  if [ "$1" = --stderr ]; then errlog="$2"; shift 2; fi
   if [ "$dry_run" = 1 ]; then
     echo "# [$name]"
     printf '%q ' "$@" | sed 's/ $//'
-    if [ -n "$dest" ]; then printf ' > %q\n' "$dest"; else echo; fi
+    if [ -n "$dest" ]; then printf ' > %q' "$dest"; fi
+    if [ -n "$errlog" ]; then printf ' 2> %q' "$errlog"; fi
+    echo
     return
   fi
   if [ -e "$work/.done/$name" ]; then echo "$name: already complete, skipping" >&2; return; fi
   echo "\$ $*${dest:+ > $dest}" >&2
-  if [ -n "$dest" ]; then "$@" > "$dest.tmp"; mv "$dest.tmp" "$dest"; else "$@"; fi
+  if [ -n "$errlog" ]; then
+    "$@" > "$dest.tmp" 2> "$errlog.tmp" || { cat "$errlog.tmp" >&2; return 1; }
+    cat "$errlog.tmp" >&2; mv "$errlog.tmp" "$errlog"; mv "$dest.tmp" "$dest"
+  elif [ -n "$dest" ]; then "$@" > "$dest.tmp"; mv "$dest.tmp" "$dest"; else "$@"; fi
   mkdir -p "$work/.done"
   date -u +%FT%TZ > "$work/.done/.$name.tmp" && mv "$work/.done/.$name.tmp" "$work/.done/$name"
 }
@@ -106,26 +154,68 @@ fi
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).
 step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}"
 
-# 2. A 16k source vocabulary (words, no subwords); the target is the bracket symbols and XX.
-#    No length filter: linearized trees are ~4x longer than their sentences.
+# 2. Source: words, no subwords (tree constraints count source tokens as words): a 16k
+#    vocabulary, or for --sample the words seen at least twice. The target is the bracket
+#    symbols and XX. No length filter: linearized trees are ~2.6x longer than their sentences.
 step preprocess "${preprocess[@]}" -s words -t lin --trainpref "$data/train" \
   --validpref "$data/valid" --testpref "$data/test" --destdir "$bin" --overwrite \
-  --subword none --vocab-size "$vocab" --max-len 0 --max-len-ratio 0
+  --subword none "${vocab_opts[@]}" --max-len 0 --max-len-ratio 0
 
 # 3. transformer_parse. Dropout 0.2 (residual and attention) and 16000 warm-up steps follow
 #    tensor2tensor's transformer_parsing_base; the paper says only that they were tuned on 22.
-step train "${train[@]}" "$bin" --arch "$arch" \
-  -o dropout=0.2 -o attention_dropout=0.2 --warmup "$warmup" --max-update "$max_update" \
-  --save-dir "$ckpt" "${train_opts[@]}"
+#    --sample: transformer_small; nmt-train prints the checkpoint it selected (the average of
+#    the 5 best by validation bracket F1), kept in WORK/results/checkpoint.txt.
+if [ "$sample" = 1 ]; then
+  step train --stdout "$out/checkpoint.txt" "${train[@]}" "$bin" --arch "$arch" \
+    "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
+    --save-dir "$ckpt" "${train_opts[@]}"
+  if [ "$dry_run" = 1 ]; then
+    model="$ckpt/checkpoint_avg_best5.pt"
+    echo "# the checkpoint is the line nmt-train printed, $out/checkpoint.txt: $model"
+  else
+    model="$(tail -n 1 "$out/checkpoint.txt")"
+    [ -f "$model" ] || { echo "run.sh: error: $out/checkpoint.txt names no checkpoint ($model)" >&2; exit 1; }
+  fi
+else
+  step train "${train[@]}" "$bin" --arch "$arch" \
+    "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
+    --save-dir "$ckpt" "${train_opts[@]}"
+  model="$ckpt/checkpoint_last.pt"
+fi
 
-# 4. Beam 21, alpha 0.3, max length input + 300 on section 23.
-step generate "${generate[@]}" "$ckpt/checkpoint_last.pt" --input "$data/test.words" \
+# 4. Beam 21, alpha 0.3, max length input + 300 on the test split (section 23), under tree
+#    constraints (nmt-generate's default for a parsing checkpoint).
+step generate "${generate[@]}" "$model" --input "$data/test.words" \
   --output "$out/test.lin" --beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300 "${gen_opts[@]}"
 
-# 5. Back to trees over the input words (ill-formed output repaired), then EVALB F1.
-step delinearize --stdout "$out/test.trees" python3 "$here/delinearize.py" \
-  "$data/test.words" "$out/test.lin" --tags "$data/test.tags"
+# 5. Back to trees over the input words (ill-formed output repaired, the repairs counted in
+#    WORK/results/repairs.txt), then EVALB F1.
+step delinearize --stdout "$out/test.trees" --stderr "$out/repairs.txt" python3 \
+  "$here/delinearize.py" "$data/test.words" "$out/test.lin" --tags "$data/test.tags"
 step score --stdout "$out/bracket_f1.txt" "${score[@]}" --ref "$data/test.gold" \
   --hyp "$out/test.trees" --metric bracket-f1
 
-[ "$dry_run" = 1 ] || cat "$out/bracket_f1.txt"
+# 6. --sample: the same without tree constraints (the model's own output, repaired).
+if [ "$sample" = 1 ]; then
+  step generate_free "${generate[@]}" "$model" --input "$data/test.words" \
+    --output "$out/test.free.lin" --beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300 \
+    --no-tree-constraints "${gen_opts[@]}"
+  step delinearize_free --stdout "$out/test.free.trees" --stderr "$out/repairs.free.txt" \
+    python3 "$here/delinearize.py" "$data/test.words" "$out/test.free.lin" \
+    --tags "$data/test.tags"
+  step score_free --stdout "$out/bracket_f1.free.txt" "${score[@]}" --ref "$data/test.gold" \
+    --hyp "$out/test.free.trees" --metric bracket-f1
+fi
+
+if [ "$dry_run" = 0 ]; then
+  if [ "$sample" = 1 ]; then
+    for run in "" .free; do
+      if [ -z "$run" ]; then how="with tree constraints (default)"; else how="without tree constraints"; fi
+      echo "$how, $model:"
+      cat "$out/bracket_f1$run.txt"
+      grep -h '^repairs:' "$out/repairs$run.txt" 2>/dev/null || echo "repairs: none"
+    done
+  else
+    cat "$out/bracket_f1.txt"
+  fi
+fi

@@ -85,8 +85,15 @@ def load_references(data, split: str, dataset, metrics: Sequence[str]) -> Refere
                            f"'{split}' split (<prefix>.gold beside the files it was made from, "
                            f"as examples/parsing_wsj/prepare.py writes them)")
         lines = read_lines(gold)
-        words = [data.src_codec.decode(dataset.src(i).tolist()) for i in range(n)]
         _check_count(lines, n, gold)
+        # The trees are built over the raw words: decoding the binarized source would give
+        # <unk> for unknown words, which EVALB rejects as words that differ from the gold's.
+        raw_src = _split_file(data, split, data.src_lang)
+        if raw_src is None:
+            raise NmtError(f"--best-checkpoint-metric bracket-f1 needs the source words of the "
+                           f"'{split}' split (<prefix>.{data.src_lang} beside {gold})")
+        words = read_lines(raw_src)
+        _check_count(words, n, raw_src)
         return References(lines, str(gold), words)
     raw = _split_file(data, split, data.tgt_lang)
     if raw is not None:
@@ -137,6 +144,8 @@ def decoding_scores(model, data, dataset, refs: References, search: SearchConfig
                      for i, h in enumerate(hyps)]
             score = corpus_score(metric, trees, [refs.lines], ScoreOptions())
             out["bracket_f1"] = round(score.score, 2)
+            # EVALB skips sentences it cannot score: say how many it did score.
+            out["bracket_f1_sentences"] = score.details["all"]["valid_sentences"]
         else:
             score = corpus_score(metric, hyps, [refs.lines], ScoreOptions())
             out[metric] = round(score.score, 2)
