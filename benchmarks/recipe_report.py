@@ -61,10 +61,11 @@ def section(args, records: list[dict]) -> str:
     lines = [f"### {args.name}", "", f"Command: `{args.command}`", ""]
     if summary:
         s = summary[-1]
+        part = (f"in the last of its {len(summary)} runs (it was resumed)" if len(summary) > 1
+                else "over the run")
         lines.append(f"Training: {s['update']:,} updates in {seconds:,.0f} s "
                      f"({seconds / 3600:.2f} h, validation and checkpoints included; "
-                     f"{s['tgt_tokens_per_s']:,.0f} target tokens/s over the last session"
-                     f"{'s' if len(summary) > 1 else ''}).")
+                     f"{s['tgt_tokens_per_s']:,.0f} target tokens/s {part}).")
     if args.picture:
         lines += ["", f"![learning curve]({args.picture})"]
     lines += ["", "| update | valid loss | valid nll | valid BLEU | valid chrF |",
