@@ -18,7 +18,7 @@ from nmt.cli.common import (console, handle_errors, make_progress, read_path_fro
                             setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError
-from nmt.training.config import TrainConfig, parse_duration  # noqa: F401 (parse_duration: API)
+from nmt.training.config import TrainConfig
 
 log = logging.getLogger("nmt.train")
 

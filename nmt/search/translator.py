@@ -112,8 +112,7 @@ class Translator:
         ``device``: cpu, cuda, cuda:N or auto/None (nmt.runtime.resolve_device).
         ``precision`` fp16 needs a GPU; bf16 a GPU or a CPU with native bf16 support.
         """
-        from nmt.data.codec import TextCodec
-        from nmt.checkpoint import load_model_from_checkpoint, model_config
+        from nmt.checkpoint import codecs_from_checkpoint, load_model_from_checkpoint, model_config
 
         if isinstance(paths, (str, os.PathLike, dict)):
             paths = [paths]
@@ -126,11 +125,7 @@ class Translator:
                  for i, p in enumerate(paths)]
         for p, name in zip(paths, names):
             model, ckpt = load_model_from_checkpoint(p, device=dev)
-            try:
-                src = TextCodec.from_state(ckpt["src_codec"])
-                tgt = TextCodec.from_state(ckpt["tgt_codec"])
-            except (KeyError, TypeError, ValueError) as e:
-                raise NmtError(f"{name}: checkpoint has an unreadable text codec ({e})") from None
+            src, tgt = codecs_from_checkpoint(ckpt, str(name))
             if codecs is None:
                 codecs, cfg = (src, tgt), model_config(ckpt)
             elif not (src.same_as(codecs[0]) and tgt.same_as(codecs[1])):
@@ -234,8 +229,7 @@ def load_split(checkpoint: Mapping[str, Any] | str | os.PathLike, split: str = "
     ``checkpoint`` is a path or a dict read with nmt.checkpoint.load_checkpoint;
     ``src_codec`` (default: the checkpoint's) must be the data directory's source codec.
     """
-    from nmt.checkpoint import load_checkpoint
-    from nmt.data.codec import TextCodec
+    from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint
     from nmt.data.datadir import DataDir
 
     ckpt = checkpoint if isinstance(checkpoint, Mapping) else load_checkpoint(checkpoint)
@@ -245,7 +239,7 @@ def load_split(checkpoint: Mapping[str, Any] | str | os.PathLike, split: str = "
                        "translate with --input FILE")
     dd = DataDir.open(data_dir)
     if src_codec is None:
-        src_codec = TextCodec.from_state(ckpt["src_codec"])
+        src_codec = codecs_from_checkpoint(ckpt)[0]
     if not dd.src_codec.same_as(src_codec):
         raise NmtError(f"{data_dir}: its source vocabulary differs from the checkpoint's; "
                        f"give the sentences with --input FILE")

@@ -23,6 +23,7 @@ from nmt import checkpoint as ckpt_io
 from nmt.config import ModelConfig
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.errors import NmtError, UsageError
+from nmt.search.config import SearchConfig
 from nmt.training.average import average_to_file
 from nmt.training.config import TrainConfig
 from nmt.training.curves import JsonlLog, plot_curves
@@ -133,14 +134,12 @@ class Run:
             chosen += [m for m in ("bleu", "chrf") if m not in chosen]
         return chosen
 
-    def search_config(self) -> "V.SearchConfig":
+    def search_config(self) -> SearchConfig:
         """Validation decoding: the --valid-* options, else the preset's (as nmt-generate)."""
-        cfg, m = self.cfg, self.model_cfg
-        pick = lambda v, d: d if v is None else v  # noqa: E731
-        return V.SearchConfig(beam=pick(cfg.valid_beam, m.beam),
-                              lenpen=pick(cfg.valid_lenpen, m.lenpen),
-                              max_len_a=pick(cfg.valid_max_len_a, m.max_len_a),
-                              max_len_b=pick(cfg.valid_max_len_b, m.max_len_b))
+        cfg = self.cfg
+        return SearchConfig(beam=cfg.valid_beam, lenpen=cfg.valid_lenpen,
+                            max_len_a=cfg.valid_max_len_a,
+                            max_len_b=cfg.valid_max_len_b).resolve(self.model_cfg)
 
     # --- checkpoints ----------------------------------------------------------------------------
     def _checkpoint(self, rng_states: list[Any], valid: dict[str, Any] | None) -> dict:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from nmt.data.batching import Batch, dummy_batch
-from nmt.runtime import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS re-exported)
+from nmt.runtime import check_precision
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss
 from nmt.training.optim import InverseSqrtSchedule, make_optimizer
