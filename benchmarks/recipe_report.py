@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 
 
+# Validation metrics of train_log.jsonl, with their display names, in column order.
+METRICS = {"bleu": "BLEU", "chrf": "chrF", "bracket_f1": "bracket F1"}
+
+
 def read_log(path: Path) -> list[dict]:
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -40,12 +44,13 @@ def plot(valid: list[dict], path: Path, title: str) -> None:
     ax.plot(ups, [r["loss"] for r in valid], "o-", color="tab:blue", label="valid loss")
     ax.set_xlabel("update")
     ax.set_ylabel("valid loss (nats/token)", color="tab:blue")
-    scored = [r for r in valid if r.get("bleu") is not None]
-    if scored:
+    key = next((k for k in METRICS if any(r.get(k) is not None for r in valid)), None)
+    if key is not None:
+        scored = [r for r in valid if r.get(key) is not None]
         ax2 = ax.twinx()
-        ax2.plot([r["update"] for r in scored], [r["bleu"] for r in scored], "s-",
-                 color="tab:red", label="valid BLEU")
-        ax2.set_ylabel("valid BLEU", color="tab:red")
+        ax2.plot([r["update"] for r in scored], [r[key] for r in scored], "s-",
+                 color="tab:red", label=f"valid {METRICS[key]}")
+        ax2.set_ylabel(f"valid {METRICS[key]}", color="tab:red")
     ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,17 +73,18 @@ def section(args, records: list[dict]) -> str:
                      f"{s['tgt_tokens_per_s']:,.0f} target tokens/s {part}).")
     if args.picture:
         lines += ["", f"![learning curve]({args.picture})"]
-    lines += ["", "| update | valid loss | valid nll | valid BLEU | valid chrF |",
-              "|---:|---:|---:|---:|---:|"]
-    for r in valid:
-        lines.append(f"| {r['update']:,} | {r['loss']:.3f} | {r['nll_loss']:.3f} | "
-                     f"{r.get('bleu', '-')} | {r.get('chrf', '-')} |")
-    for r in averaged:
-        lines.append(f"| {r.get('checkpoint', 'average')} | {r['loss']:.3f} | "
-                     f"{r['nll_loss']:.3f} | {r.get('bleu', '-')} | {r.get('chrf', '-')} |")
+    # The decoding metrics the run validated with (BLEU and chrF; bracket F1 for parsing).
+    keys = [k for k in METRICS if any(r.get(k) is not None for r in valid + averaged)]
+    lines += ["", "| update | valid loss | valid nll | " +
+              " | ".join(f"valid {METRICS[k]}" for k in keys) + " |",
+              "|---:|---:|---:|" + "---:|" * len(keys)]
+    for r in valid + averaged:
+        first = f"{r['update']:,}" if r in valid else r.get("checkpoint", "average")
+        lines.append(f"| {first} | {r['loss']:.3f} | {r['nll_loss']:.3f} | " +
+                     " | ".join(str(r.get(k, "-")) for k in keys) + " |")
     if args.scores:
-        text = Path(args.scores).read_text(encoding="utf-8").strip()
-        lines += ["", "Test (test_2016_flickr, translated once at the end), `nmt-score` output:",
+        text = "\n".join(Path(p).read_text(encoding="utf-8").strip() for p in args.scores)
+        lines += ["", f"Test ({args.test_name}, decoded once at the end), `nmt-score` output:",
                   "", "```", text, "```"]
     if args.note:
         lines += ["", args.note]
@@ -102,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("work_dir", type=Path)
     ap.add_argument("--name", required=True)
     ap.add_argument("--log", required=True, help="train_log.jsonl, relative to WORK_DIR")
-    ap.add_argument("--scores", help="nmt-score output, relative to WORK_DIR")
+    ap.add_argument("--scores", action="append",
+                    help="nmt-score output, relative to WORK_DIR (repeatable)")
+    ap.add_argument("--test-name", default="test_2016_flickr",
+                    help="what the scores were measured on")
     ap.add_argument("--command", required=True, help="the command that made the run")
     ap.add_argument("--picture", help="PNG to write (path as linked from --out)")
     ap.add_argument("--note", help="a closing paragraph (e.g. where the goal was missed)")
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     if not records:
         sys.exit(f"recipe_report: {args.work_dir / args.log}: no records")
     if args.scores:
-        args.scores = str(args.work_dir / args.scores)
+        args.scores = [str(args.work_dir / p) for p in args.scores]
     if args.picture:
         valid = [r for r in records if r.get("kind") == "valid"]
         plot(valid, Path(args.picture), args.name)

@@ -61,6 +61,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     p = check_readable(path, "checkpoint", expected="a checkpoint file")
     if p.stat().st_size == 0:
         raise NmtError(f"{p}: empty file, not a checkpoint")
+    _check_kind(p)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pickle-protocol chatter on foreign files
@@ -81,6 +82,25 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise NmtError(f"{p}: corrupt or truncated checkpoint ({msg})") from None
     validate_checkpoint(ckpt, str(p))
     return ckpt
+
+
+def _check_kind(p: Path) -> None:
+    """Refuse at once a file that is not in torch.save's format (a zip archive, or a legacy
+    pickle), saying what it looks like: a text file is not 'refused by the safe loader'."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise NmtError(f"{p}: cannot read ({e.strerror or e})") from None
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return
+    try:
+        head.decode("utf-8")
+        kind = "a text file"
+    except UnicodeDecodeError as e:
+        kind = "a text file" if e.start > len(head) - 4 else "some other binary file"
+    raise NmtError(f"{p}: not a checkpoint ({kind}; checkpoints are the .pt files that "
+                   f"nmt-train writes)")
 
 
 def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:

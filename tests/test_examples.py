@@ -347,7 +347,8 @@ def test_parsing_run_sh_dry_run_commands_are_valid(tmp_path):
 
 
 def test_parsing_run_sh_sample_dry_run(tmp_path):
-    """--sample: the free ptb-sample's splits, a word vocabulary with <unk>, transformer_small
+    """--sample: the free ptb-sample's splits, lexicalized trees over a joined word vocabulary
+    with <unk>, transformer_small
     selected by validation bracket F1 and averaged, the test decoded with and without tree
     constraints by the checkpoint nmt-train prints."""
     import shlex
@@ -360,15 +361,16 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     assert len(cmds) == 9 and not work.exists()
     prepare, preprocess, train, gen, delin, score, gen_free, delin_free, score_free = cmds
     assert prepare.endswith(f"/data/ptb-sample {work}/text --split train=0001-0159 "
-                            "--split valid=0160-0169 --split test=0170-0179")
+                            "--split valid=0160-0169 --split test=0170-0179 --leaves words")
     # valid.gold (written by prepare.py into WORK/text) lies beside the valid split's files,
     # where meta.json's source_path points: validation scores bracket F1 against it.
     assert f"--validpref {work}/text/valid " in preprocess
-    assert "--subword none --threshold 2" in preprocess and "--vocab-size" not in preprocess
-    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 4000",
+    assert "--subword none --joined-dictionary --threshold 4" in preprocess
+    assert "--vocab-size" not in preprocess
+    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 8000",
                 "--max-tokens 4096", "--best-checkpoint-metric bracket-f1", "--valid-beam 4",
                 "--valid-lenpen 0.3 --valid-max-len-a 1 --valid-max-len-b 300", "--patience 6",
-                "--average-best 5", "--max-time 110m", "--device cpu --threads 2",
+                "--average-best 5", "--max-time 100m", "--device cpu --threads 2",
                 f"> {work}/results/checkpoint.txt"]:
         assert opt in train, opt
     assert "torchrun" not in train

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.errors import NmtError
-from nmt.tasks.parsing import (SplitSpec, delinearize, linearize, prepare_treebank,
+from nmt.tasks.parsing import (SplitSpec, delinearize, leaves_of, linearize, prepare_treebank,
                                right_branching)
 from nmt.tasks.trees import (Tree, clean_label, read_treebank_file, read_trees_text, to_string,
                              with_root)
@@ -186,6 +186,28 @@ def test_prepare_treebank(tmp_path):
             back = delinearize(lin, words.split(), tags.split())
             assert to_string(back) == gold
     assert (tmp_path / "test.words").read_text() == "Prices rose up 5 % .\n"
+
+
+def test_lexicalized_linearization_round_trips(tmp_path):
+    """prepare --leaves words: the words themselves stand for the leaves."""
+    t = tree("(TOP (S (NP (NNP John)) (VP (VBZ has) (NP (DT a) (NN dog))) (. .)))")
+    assert " ".join(linearize(t, "words")) == "(S (NP John )NP (VP has (NP a dog )NP )VP . )S"
+    for f in sorted(MINI.glob("*.mrg")):
+        for t in read_treebank_file(f):
+            lin = linearize(t, "words")
+            back = delinearize(lin, t.words(), t.tags(), leaves="words")
+            assert to_string(back) == to_string(with_root(t))
+            assert leaves_of([" ".join(lin)]) == "words"
+            assert leaves_of([" ".join(linearize(t))]) == "xx"
+    # in a lexicalized sequence any non-bracket token is a word (<unk> too); with xx, junk
+    stats: Counter = Counter()
+    back = delinearize("(S (NP <unk> )NP ran )S", ["Rex", "ran"], stats=stats, leaves="words")
+    assert to_string(back) == "(TOP (S (NP (XX Rex)) (XX ran)))" and not +stats
+    summary = prepare_treebank([MINI], tmp_path, [SplitSpec.parse("test=3-3")], leaves="words")
+    assert summary["test"]["sentences"] == 1
+    assert (tmp_path / "test.lin").read_text().split()[:3] == ["(S", "(NP", "Prices"]
+    with pytest.raises(ValueError):
+        linearize(t, "tags")
 
 
 def test_prepare_errors(tmp_path):

@@ -6,6 +6,7 @@ checks that the interrupted-and-resumed run ends with exactly the parameters of 
 never interrupted.
 """
 
+import json
 import logging
 import os
 import pickle
@@ -277,9 +278,42 @@ def test_second_signal_stops_at_once(tmp_path, monkeypatch):
         return stats
 
     monkeypatch.setattr(Trainer, "train_step", step)
-    with pytest.raises(KeyboardInterrupt):
-        train(run_cfg(tmp_path, max_update=9), FakeData(n_train=40), "fake")
+    with pytest.raises(KeyboardInterrupt) as e:
+        train(run_cfg(tmp_path, max_update=9, save_interval_updates=2), FakeData(n_train=40),
+              "fake")
     assert_every_checkpoint_is_intact(tmp_path)
+    # The message names what a rerun resumes from (issue 16).
+    assert str(e.value) == (f"stopped at once by a second SIGTERM; {tmp_path / 'checkpoint_2.pt'}"
+                            f" is intact (checkpoints are written atomically): the same command "
+                            f"resumes from it")
+
+
+def test_a_signal_during_validation_decoding_stops_it_at_once(tmp_path, monkeypatch):
+    """Decoding the valid split can take minutes: a signal stops it after the current batch,
+    then the run saves and stops as after an update (issue 16: Ctrl-C must not seem ignored)."""
+    from nmt.search.translator import Translator
+
+    real = Translator.translate_ids
+    batches = []
+
+    def translate_ids(self, ids, sources=None, progress=None, first_line=1):
+        def counting(n):
+            batches.append(n)
+            if len(batches) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            progress(n)
+        return real(self, ids, sources=sources, progress=counting, first_line=first_line)
+
+    monkeypatch.setattr(Translator, "translate_ids", translate_ids)
+    cfg = run_cfg(tmp_path, max_update=9, save_interval_updates=2, valid_bleu=True)
+    with pytest.raises(TrainingInterrupted):
+        train(cfg, FakeData(n_train=40, n_valid=64), "fake")
+    assert len(batches) == 1          # the other batches of the split were not decoded
+    recs = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    valid = [r for r in recs if r["kind"] == "valid"]
+    assert len(valid) == 1 and valid[0]["decoding_stopped"] and "bleu" not in valid[0]
+    # the signal is acted on as any other: the update under way (3) is finished and saved
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["progress"]["update"] == 3
 
 
 # --- numerical faults -------------------------------------------------------------------------

@@ -82,7 +82,8 @@ def test_json_and_sentence_level_equal_sacrebleu(tmp_path):
 
 def test_stdin_and_several_metrics_sentence_json(tmp_path):
     hyp, refs = make_corpus(tmp_path, n=5, nrefs=1)
-    r = run(["-r", refs[0], "-m", "bleu,tok-bleu", "--sentence", "--json"], input=hyp.read_text())
+    r = run(["-r", refs[0], "-m", "bleu,tok-bleu", "--sentence", "--json", "--lang", "en"],
+            input=hyp.read_text())
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(rows) == 5 and set(rows[0]) == {"bleu", "tok-bleu"}

@@ -292,13 +292,19 @@ def generate(*args, ok=True):
     return res
 
 
-def test_nmt_generate_constrains_parsing_checkpoints_by_default(tmp_path):
-    ckpt = parsing_checkpoint(tmp_path / "parse.pt")
+def random_sentences(tmp_path, n=12):
+    """n sentences of 1-6 words (some unknown to the checkpoints), and the file holding them."""
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(SOURCE_WORDS + ["unseen"], size=int(rng.integers(1, 7))))
-             for _ in range(12)]
+             for _ in range(n)]
     src = tmp_path / "test.words"
     src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return lines, src
+
+
+def test_nmt_generate_constrains_parsing_checkpoints_by_default(tmp_path):
+    ckpt = parsing_checkpoint(tmp_path / "parse.pt")
+    lines, src = random_sentences(tmp_path)
 
     out = generate(ckpt, "-i", src).stdout.splitlines()
     assert len(out) == len(lines)
@@ -333,3 +339,78 @@ def test_nmt_generate_leaves_translation_checkpoints_alone(tmp_path):
     res = generate(ckpt, "-i", src, "--tree-constraints", ok=False)
     assert res.exit_code != 0 and "XX" in res.stderr and "Traceback" not in res.stderr
     assert "--no-tree-constraints" in generate("--help").stdout
+
+
+# --- lexicalized trees (prepare.py --leaves words): the leaf is the next source word ----------
+
+LEX = Dictionary(["(S", ")S", "(NP", ")NP", "(VP", ")VP", "(PP", ")PP", "the", "dog", "runs"])
+THE, DOG, RUNS = 12, 13, 14
+
+
+def test_lexicalized_vocabulary_is_recognized():
+    assert TreeVocab.build(LEX).lexical and not TreeVocab.build(DICT).lexical
+    v = TreeVocab.build(LEX)
+    assert v.leaf[[THE, DOG, RUNS, UNK]].all() and not v.leaf[[PAD, EOS, 4, 5]].any()
+    assert isinstance(tree_constraints_for(LEX), TreeConstraints)
+    # brackets of fewer than 3 labels, or lower-case "labels": an ordinary vocabulary
+    assert not is_tree_vocabulary(Dictionary(["(S", ")S", "(NP", ")NP", "the"]))
+    assert not is_tree_vocabulary(Dictionary(["(a", ")a", "(b", ")b", "(c", ")c"]))
+
+
+@pytest.mark.parametrize("src_dict", [None, Dictionary(["runs", "dog", "the", "cat"])])
+def test_lexicalized_leaves_are_the_source_words_in_order(src_dict):
+    """The model always prefers "runs"; the constrained search still writes the, dog, runs
+    (in target ids, also when the source dictionary numbers the words differently)."""
+    n = len(LEX)
+
+    def dist(key, prefix):
+        p = np.full(n, 0.01)
+        p[RUNS] = 1.0
+        p[[PAD, BOS]] = 0.0
+        return p / p.sum()
+
+    if src_dict is None:
+        src = torch.tensor([[THE, DOG, RUNS, EOS]])
+    else:
+        src = torch.tensor([[src_dict.index(w) for w in ("the", "dog", "runs")] + [EOS]])
+    cfg = SearchConfig(beam=2, nbest=1, lenpen=0.6, max_len_a=2.0, max_len_b=4)
+    out = beam_search(EnsembleModel([ScriptedModel(dist)]), src, cfg,
+                      constraints=TreeConstraints(LEX, src_dict))[0][0].tokens
+    text = " ".join(LEX.string(out))
+    assert [t for t in text.split() if not t.startswith(("(", ")"))] == ["the", "dog", "runs"]
+    stats: Counter = Counter()
+    delinearize(text, ["the", "dog", "runs"], stats=stats, leaves="words")
+    assert not +stats, (text, stats)
+    # The model always wants a word next (which word is not its decision): the forced word
+    # gets the mass of all words, so no bracket is opened to put the words off. Scored by its
+    # own probability (0.01), "the" would lose to opening brackets until the length ran out.
+    assert text == "the dog runs"
+    # unconstrained, the model repeats "runs"
+    free = beam_search(EnsembleModel([ScriptedModel(dist)]), src, cfg)[0][0].tokens
+    assert LEX.string(free)[0] == "runs"
+
+
+def test_nmt_generate_spells_the_source_in_lexicalized_trees(tmp_path):
+    """A joined dictionary of words and brackets (prepare.py --leaves words, nmt-preprocess
+    --joined-dictionary): recognized as a parsing checkpoint, every output a tree whose leaves
+    are the input's words in order (unknown words as <unk>), de-linearized without repair."""
+    torch.manual_seed(1)
+    brackets = [b + lab for lab in LABELS for b in "()"]
+    codec = whitespace_codec(Dictionary(SOURCE_WORDS + brackets))
+    cfg = nmt.get_arch("transformer_tiny", {"dropout": 0.0, "max_len_b": 10})
+    model = nmt.build_model(cfg, len(codec.dictionary), len(codec.dictionary)).eval()
+    ckpt = save_checkpoint(ckpt_io.make_checkpoint(
+        model_config=cfg, model_state=model.state_dict(), share_all_embeddings=True,
+        src_codec=codec, tgt_codec=codec, src_lang="words", tgt_lang="lin", data_dir=""),
+        tmp_path / "lex.pt")
+    lines, src = random_sentences(tmp_path)
+    out = generate(ckpt, "-i", src).stdout.splitlines()
+    assert len(out) == len(lines)
+    for words, seq in zip(lines, out):
+        leaves = [t for t in seq.split() if not t.startswith(("(", ")"))]
+        assert leaves == [w if w != "unseen" else "<unk>" for w in words.split()], seq
+        stats: Counter = Counter()
+        delinearize(seq, words.split(), stats=stats, leaves="words")
+        assert not +stats, (words, seq, stats)
+    free = generate(ckpt, "-i", src, "--no-tree-constraints").stdout.splitlines()
+    assert free != out

@@ -29,11 +29,15 @@ from nmt.tasks.parsing import delinearize_file  # noqa: E402
 @click.argument("generated", metavar="GENERATED", required=False)
 @click.option("--tags", default=None, metavar="FILE",
               help="Gold or predicted POS tags, one line per sentence, to put in the trees.")
+@click.option("--leaves", type=click.Choice(["xx", "words"]), default=None,
+              help="What stands for a word in GENERATED: XX, or the words themselves "
+                   "(prepare.py --leaves words). Default: told from GENERATED.")
 @handle_errors("delinearize.py")
-def main(words, generated, tags):
+def main(words, generated, tags, leaves):
     """Write one bracketed tree per line of WORDS on stdout; repair counts on stderr."""
     setup_logging()
-    trees, stats = delinearize_file(words, None if generated in (None, "-") else generated, tags)
+    trees, stats = delinearize_file(words, None if generated in (None, "-") else generated, tags,
+                                    leaves)
     out = LineWriter(None)
     for t in trees:
         out.write(t)

@@ -9,7 +9,8 @@ treebank the standard splits are train=0200-2199 (sections 02-21), valid=2200-22
 test=2300-2399 (23). For each split it writes:
 
     OUT_DIR/{split}.words   source: the words, space-separated, one sentence per line
-    OUT_DIR/{split}.lin     target: the linearized tree, (S (NP XX XX )NP ... )S
+    OUT_DIR/{split}.lin     target: the linearized tree, (S (NP XX XX )NP ... )S, or with
+                            --leaves words (S (NP John Smith )NP ... )S
     OUT_DIR/{split}.gold    the normalized gold tree, one per line, rooted at TOP (for EVALB)
     OUT_DIR/{split}.tags    the gold POS tags (to put back after de-linearization)
     OUT_DIR/{split}.rb      a right-branching baseline tree per line (for comparison)
@@ -42,12 +43,15 @@ DEFAULT_SPLITS = ("train=0001-0159", "valid=0160-0169", "test=0170-0179")
               help="File suffix (language name for nmt-preprocess) of the source side.")
 @click.option("--tgt-suffix", default="lin", show_default=True,
               help="File suffix (language name for nmt-preprocess) of the target side.")
+@click.option("--leaves", type=click.Choice(["xx", "words"]), default="xx", show_default=True,
+              help="What stands for a word in the target: XX (the paper's, after Vinyals et "
+                   "al.), or the word itself (a lexicalized target: (NP the dog )NP).")
 @handle_errors("prepare.py")
-def main(inputs, out_dir, splits, src_suffix, tgt_suffix):
+def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves):
     """Read TREEBANK files or directories (searched for *.mrg) and write OUT_DIR/{split}.*"""
     setup_logging()
     specs = [SplitSpec.parse(s) for s in (splits or DEFAULT_SPLITS)]
-    summary = prepare_treebank(inputs, out_dir, specs, src_suffix, tgt_suffix)
+    summary = prepare_treebank(inputs, out_dir, specs, src_suffix, tgt_suffix, leaves)
     for name, info in summary.items():
         words = read_lines(Path(out_dir) / f"{name}.{src_suffix}")
         tags = read_lines(Path(out_dir) / f"{name}.tags")

@@ -21,6 +21,10 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 from nmt.errors import NmtError, UsageError
 
 console = Console(stderr=True)
+if not console.is_terminal and not os.environ.get("COLUMNS"):
+    # Captured to a file or a pipe: rich would assume 80 columns and cut table cells to
+    # "spl…"; a log is read later, in any editor, so give tables the room they need.
+    console = Console(stderr=True, width=160)
 # Errors of a write that the user's environment causes (full disk, quota, read-only, I/O).
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
 F = TypeVar("F", bound=Callable)
@@ -81,8 +85,8 @@ def handle_errors(prog: str) -> Callable[[F], F]:
                 raise
             except click.ClickException:
                 raise
-            except KeyboardInterrupt:
-                die(prog, "interrupted", 130)
+            except KeyboardInterrupt as e:
+                die(prog, str(e) or "interrupted", 130)
             except BrokenPipeError:
                 # The reader went away (e.g. `| head`): stop quietly, as Unix tools do.
                 try:
@@ -109,6 +113,57 @@ def handle_errors(prog: str) -> Callable[[F], F]:
     return deco
 
 
+class Command(click.Command):
+    """A click command whose usage errors are one line, as every other error of nmt:
+    ``nmt-train: error: no such option --train-pref (did you mean --trainpref?)``, exit 2.
+
+    Use as ``@click.command(cls=Command, prog="nmt-train", ...)``."""
+
+    def __init__(self, *args, prog: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prog = prog
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name or self.prog, complete_var, False, **extra)
+        except click.exceptions.NoSuchOption as e:
+            die(self.prog, f"no such option {e.option_name}"
+                           f"{suggest_option(e.option_name, self.long_options())}", 2)
+        except click.UsageError as e:
+            die(self.prog, " ".join(e.format_message().split()), 2)
+        except click.ClickException as e:
+            die(self.prog, " ".join(e.format_message().split()), e.exit_code)
+        except click.exceptions.Abort:
+            die(self.prog, "interrupted", 130)
+        raise SystemExit(rv if isinstance(rv, int) else 0)
+
+    def long_options(self) -> list[str]:
+        names = [n for p in self.params if isinstance(p, click.Option)
+                 for n in (*p.opts, *p.secondary_opts) if n.startswith("--")]
+        return names + ["--help"]
+
+
+def suggest_option(given: str, options: list[str]) -> str:
+    """' (did you mean --x?)': an option that the given one starts (--lr -> --lr-scale), is
+    spelled alike without dashes (--train-pref -> --trainpref), or resembles; else ''."""
+    import difflib
+
+    def bare(name: str) -> str:
+        return name.lstrip("-").replace("-", "").replace("_", "")
+
+    name = bare(given.split("=", 1)[0])
+    by_bare = {bare(o): o for o in options}
+    same = [o for b, o in by_bare.items() if b == name]
+    starts = sorted((o for b, o in by_bare.items() if len(name) >= 2 and b.startswith(name)),
+                    key=len)
+    close = [by_bare[b] for b in difflib.get_close_matches(name, list(by_bare), n=2,
+                                                           cutoff=0.75)]
+    picks = list(dict.fromkeys(same or (starts[:1] + close)))[:2]
+    return f" (did you mean {' or '.join(picks)}?)" if picks else ""
+
+
 def make_progress(transient: bool = True) -> Progress:
     """A rich progress bar on stderr; it draws nothing when stderr is not a terminal."""
     return Progress(
@@ -130,5 +185,9 @@ def read_path_from_stdin(what: str) -> str:
         raise NmtError(f"no {what} given and nothing piped on stdin")
     line = sys.stdin.buffer.readline().decode("utf-8", errors="replace").strip()
     if not line:
-        raise NmtError(f"no {what} given and stdin was empty")
+        raise NmtError(f"no {what} given and stdin was empty: {EMPTY_PIPE}")
     return line
+
+
+# Said by a command whose piped stdin is empty: in a pipeline, the command before it failed.
+EMPTY_PIPE = "in a pipeline, the command before this one printed nothing (see its error above)"

@@ -17,7 +17,7 @@ from typing import IO, Iterator, Sequence
 
 import click
 
-from nmt.cli.common import handle_errors, make_progress, read_path_from_stdin, setup_runtime
+from nmt.cli.common import Command, handle_errors, make_progress, read_path_from_stdin, setup_runtime
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError, UsageError
 from nmt.search.config import GenerateConfig
@@ -100,7 +100,8 @@ class _Progress:
             self.bar.stop()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"],
+@click.command(cls=Command, prog="nmt-generate",
+               context_settings={"help_option_names": ["-h", "--help"],
                                  "max_content_width": 100})
 @click.argument("checkpoints", nargs=-1, type=click.Path())
 @config_options(GenerateConfig)
@@ -115,7 +116,8 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     source length + 50 tokens, unless the checkpoint's preset or the options say otherwise.
 
     With no CHECKPOINT, the first line of stdin is the checkpoint path (what nmt-train prints)
-    and the --split of its data directory is translated:
+    and the --split (test) of its data directory is translated; with a CHECKPOINT, --split
+    translates that split of the data directory it was trained on:
 
     \b
       nmt-preprocess ... | nmt-train ... | nmt-generate | nmt-score --ref test.de
@@ -129,13 +131,17 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     from nmt.search.translator import Translator
 
     pipeline = not checkpoints
+    if cfg.split is not None and cfg.input_path is not None:
+        raise UsageError("--split and --input exclude each other: translate a split of the "
+                         "checkpoint's data directory, or a file")
     if pipeline:
         if cfg.input_path == "-":
             raise UsageError("with no CHECKPOINT, stdin holds the checkpoint path; give the "
                              "sentences with --input FILE")
-        sources: Sequence = [load_checkpoint(read_path_from_stdin("checkpoint"))]
+        sources: Sequence = [load_checkpoint(_checkpoint_from_stdin())]
     else:
         sources = list(checkpoints)
+    split = cfg.split or ("test" if pipeline and cfg.input_path is None else None)
     translator = Translator.from_checkpoint(sources, search=cfg.search, batch=cfg.batch,
                                             device=device, precision=precision)
     _set_tree_constraints(translator, cfg.tree_constraints)
@@ -146,10 +152,10 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     start = time.perf_counter()
     with open_output(cfg.output_path) as out:
         writer = _Writer(out, cfg.output_format, cfg.nbest)
-        if pipeline and cfg.input_path is None:
+        if split is not None:
             from nmt.search.translator import load_split
 
-            ids, texts = load_split(sources[0], cfg.split, src_codec=translator.src_codec,
+            ids, texts = load_split(sources[0], split, src_codec=translator.src_codec,
                                     texts=cfg.output_format == "jsonl")
             with _Progress(len(ids), quiet) as progress:
                 writer(translator.translate_ids(ids, sources=texts, progress=progress))
@@ -161,13 +167,27 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
              writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
 
 
+def _checkpoint_from_stdin() -> str:
+    """Pipeline mode: the first line of stdin is the checkpoint path nmt-train printed."""
+    from pathlib import Path
+
+    line = read_path_from_stdin("checkpoint")
+    if not Path(line).exists():
+        shown = line if len(line) <= 60 else line[:57] + "..."
+        raise UsageError(f"no CHECKPOINT argument, so the first line of stdin was taken as a "
+                         f"checkpoint path (pipeline mode), but '{shown}' is no such file; to "
+                         f"translate stdin, name the checkpoint: nmt-generate CKPT < input")
+    return line
+
+
 def _set_tree_constraints(translator, enabled: bool | None) -> None:
     """--tree-constraints/--no-tree-constraints over the Translator's default (on for a tree
     target vocabulary, nmt.search.constraints.is_tree_vocabulary)."""
     from nmt.search.constraints import tree_constraints_for
 
     if enabled is not None:
-        translator.constraints = tree_constraints_for(translator.tgt_codec.dictionary, enabled)
+        translator.constraints = tree_constraints_for(
+            translator.tgt_codec.dictionary, enabled, translator.src_codec.dictionary)
     if translator.constraints is not None:
         log.info("tree constraints: every output is a well-formed linearized tree")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from nmt.cli.common import console, handle_errors, make_progress, setup_logging
+from nmt.cli.common import Command, console, handle_errors, make_progress, setup_logging
 from nmt.cli.options import build_config, config_options, log_options
 from nmt.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
 
@@ -22,7 +22,8 @@ Examples:
 """
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+@click.command(cls=Command, prog="nmt-preprocess",
+               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
                epilog=EPILOG)
 @config_options(PreprocessConfig)
 @log_options
@@ -39,7 +40,8 @@ def main(verbose: bool, quiet: bool, **options):
     else:
         with make_progress() as progress:
             result = preprocess(cfg, progress)
-        console.print(summary_table(result))
+        if not result.up_to_date:
+            console.print(summary_table(result))
     click.echo(str(result.path))
 
 

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from nmt.cli.common import console, handle_errors, setup_logging
+from nmt.cli.common import EMPTY_PIPE, Command, console, handle_errors, setup_logging
 from nmt.cli.options import log_options
 from nmt.errors import NmtError, UsageError
 from nmt.io import LineWriter, read_lines
@@ -32,12 +32,15 @@ def _read(path: str | None, what: str) -> list[str]:
         lines = read_lines(None, "<stdin>")
     else:
         lines = read_lines(path)
+    if not lines and path is None:
+        raise NmtError(f"no hypotheses: stdin was empty: {EMPTY_PIPE}")
     if not lines:
-        raise NmtError(f"{path or '<stdin>'}: empty {what} file")
+        raise NmtError(f"{path}: empty {what} file")
     return lines
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, prog="nmt-score",
+               context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--ref", "-r", "refs", multiple=True, required=True, metavar="FILE",
               help="Reference file, one sentence (or gold tree) per line. Repeat for several "
                    "references.")
@@ -58,8 +61,8 @@ def _read(path: str | None, what: str) -> list[str]:
 @click.option("--force", is_flag=True,
               help="sacreBLEU --force: do not warn when the input looks tokenized.")
 @click.option("--lang", "-l", default=None, metavar="LANG",
-              help="Target language: Moses tokenizer language for tok-bleu (default en; use the "
-                   "references' language, e.g. de for En-De) and sacreBLEU's target language.")
+              help="Target language, the references': Moses tokenizer rules of tok-bleu (which "
+                   "requires it, e.g. de for En-De) and sacreBLEU's target language.")
 @click.option("--pretokenized", is_flag=True,
               help="tok-bleu: the files are Moses-tokenized already; only split compounds.")
 @click.option("--no-normalize-quotes", is_flag=True,
@@ -94,7 +97,11 @@ def main(refs, hyp, metrics, as_json, sentence, tokenize, lowercase, force, lang
     opts = ScoreOptions(tokenize=tokenize, lowercase=lowercase, force=force, lang=lang,
                         chrf_word_order=chrf_word_order, width=width, pretokenized=pretokenized,
                         normalize_quotes=not no_normalize_quotes,
-                        evalb=params, evalb_name=evalb_params or "COLLINS", retag=not no_retag)
+                        evalb=params, evalb_name=evalb_params or "COLLINS", retag=not no_retag,
+                        names=(refs[0], hyp or "<stdin>"))
+    if "tok-bleu" in names and lang is None:
+        raise UsageError("--metric tok-bleu needs --lang, the references' language (e.g. --lang "
+                         "de): it picks the Moses tokenizer's rules")
     if evalb_report and names != ["bracket-f1"]:
         raise UsageError("--evalb-report goes with --metric bracket-f1 alone")
     ref_lines = [_read(r, "reference") for r in refs]

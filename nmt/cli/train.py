@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from nmt.cli.common import (console, handle_errors, make_progress, read_path_from_stdin,
+from nmt.cli.common import (Command, console, handle_errors, make_progress, read_path_from_stdin,
                             setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError
@@ -46,7 +46,8 @@ def list_archs_table(vocab_size: int) -> None:
     Console(file=sys.stdout, width=max(120, console.width)).print(table)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"],
+@click.command(cls=Command, prog="nmt-train",
+               context_settings={"help_option_names": ["-h", "--help"],
                                  "max_content_width": 100})
 @click.argument("inputs", nargs=-1, type=click.Path(), metavar="[DATA_DIR | --average CKPT...]")
 @config_options(TrainConfig)
@@ -114,6 +115,9 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     cfg = build_config(TrainConfig, options, overrides=parse_overrides(overrides),
                        device=device, precision=precision)
     get_arch(cfg.arch, cfg.overrides)   # unknown arch / key / bad value: fail before opening data
+    from nmt.runtime import check_precision, resolve_device
+
+    check_precision(cfg.precision, resolve_device(cfg.device), training=True)
 
     from pathlib import Path
 

@@ -35,6 +35,7 @@ from nmt.data.datadir import (FORMAT_VERSION, META, DataDir, split_sort_key, wri
                               write_meta)
 from nmt.data.dictionary import Dictionary
 from nmt.data.indexed import SplitWriter
+from nmt.data.rebuild import built_from, difference, existing_build
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
@@ -148,6 +149,7 @@ class PreprocessResult:
     path: Path
     meta: dict[str, Any]
     splits: list[SplitStats]
+    up_to_date: bool = False     # the destination already held this build: nothing was done
 
 
 # --- checks --------------------------------------------------------------------------------------
@@ -194,19 +196,32 @@ def _split_inputs(cfg: PreprocessConfig) -> list[tuple[str, str]]:
 
 
 def _check_inputs(cfg: PreprocessConfig, splits: list[tuple[str, str]]) -> None:
-    for _, prefix in splits:
-        for lang in (cfg.source_lang, cfg.target_lang):
+    langs = (cfg.source_lang, cfg.target_lang)
+    for name, prefix in splits:
+        missing = [lang for lang in langs if not Path(f"{prefix}.{lang}").exists()]
+        if missing and Path(prefix).is_file():
+            flag = "--" + name.rstrip("0123456789") + "pref"
+            stem = next((prefix[:-len(lang) - 1] for lang in langs
+                         if prefix.endswith(f".{lang}")), None)
+            hint = (f"give {flag} {stem} (for {stem}.{langs[0]} and {stem}.{langs[1]})"
+                    if stem else f"{flag} PREFIX reads PREFIX.{langs[0]} and PREFIX.{langs[1]}")
+            raise UsageError(f"{flag} takes a file prefix, not a file: {prefix} is a file and "
+                             f"{prefix}.{missing[0]} does not exist; {hint}")
+        for lang in langs:
             check_readable(f"{prefix}.{lang}")
 
 
-def _prepare_destination(cfg: PreprocessConfig) -> tuple[Path, Path]:
+def _prepare_destination(cfg: PreprocessConfig, record: dict[str, Any]) -> tuple[Path, Path]:
     """(final path, temporary directory beside it)."""
     dest = Path(cfg.destdir).expanduser().absolute()
     if dest.exists():
         if not dest.is_dir():
             raise NmtError(f"{dest}: exists and is not a directory")
         if any(dest.iterdir()) and not cfg.overwrite:
-            raise NmtError(f"{dest}: exists and is not empty (use --overwrite to replace it)")
+            why = difference(dest, record)
+            raise NmtError(f"{dest}: exists and is not empty" + (
+                f", and is not this build ({why})" if why else "") +
+                " (use --overwrite to replace it)")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
@@ -466,11 +481,18 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
     _check_config(cfg)
     splits = _split_inputs(cfg)
     _check_inputs(cfg, splits)
+    record = built_from(cfg, splits)
+    if not cfg.overwrite:
+        done = existing_build(Path(cfg.destdir).expanduser().absolute(), record)
+        if done is not None:
+            log.info("%s: already built from the same inputs and options; nothing to do "
+                     "(--overwrite rebuilds it)", done.path)
+            return PreprocessResult(done.path, done.meta, [], up_to_date=True)
     reused = _reused_codecs(cfg)
     if cfg.trainpref is None and reused is None:
         raise UsageError("nothing to learn the vocabulary from")
     workers = cfg.resolved_workers()
-    dest, tmp = _prepare_destination(cfg)
+    dest, tmp = _prepare_destination(cfg, record)
     try:
         if reused is not None:
             src, tgt, joined = reused
@@ -516,6 +538,7 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
         vocab = {cfg.source_lang: write_codec(tmp, cfg.source_lang, src),
                  cfg.target_lang: write_codec(tmp, cfg.target_lang, tgt)}
         meta = _meta(cfg, kind, joined, dtype, vocab, stats, learned, time.time() - t_start)
+        meta["built_from"] = record
         write_meta(tmp, meta)
         _install(tmp, dest)
     except BaseException:

@@ -370,6 +370,15 @@ def _score_sentence(lineno: int, gold: _Parsed, test: _Parsed, params: EvalbPara
     return s
 
 
+def _read_or_stop(line: str, params: EvalbParams, name: str, lineno: int):
+    """A tree of ``name`` (the file); an unreadable one stops scoring, as it stops EVALB."""
+    try:
+        return _read_line(line, params)
+    except _Abort as e:
+        raise NmtError(f"{name}: line {lineno}: unreadable tree ({e}); EVALB would stop "
+                       f"here") from None
+
+
 def evaluate(gold_lines: Sequence[str], test_lines: Sequence[str],
           params: EvalbParams | None = None, retag: bool = True,
           names: tuple[str, str] = ("gold", "test")) -> EvalbResult:
@@ -383,11 +392,8 @@ def evaluate(gold_lines: Sequence[str], test_lines: Sequence[str],
         if retag:
             tl = retag_xx(gl, tl, params)
         n_before = len(result.errors)
-        try:
-            g = _read_line(gl, params)
-            t = _read_line(tl, params)
-        except _Abort as e:
-            raise NmtError(f"line {lineno}: unreadable tree ({e}); EVALB would stop here") from None
+        g = _read_or_stop(gl, params, names[0], lineno)
+        t = _read_or_stop(tl, params, names[1], lineno)
         s = _score_sentence(lineno, g, t, params, result.errors)
         result.sentences.append(s)
         result.all.add(s)

@@ -37,6 +37,7 @@ class ScoreOptions:
     evalb: evalb_mod.EvalbParams = field(default_factory=evalb_mod.EvalbParams.collins)
     evalb_name: str = "COLLINS"
     retag: bool = True                 # bracket-f1: gold POS tags replace XX
+    names: tuple[str, str] = ("reference", "hypotheses")   # files, named in bracket-f1 errors
 
 
 @dataclass
@@ -126,7 +127,7 @@ def corpus_score(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[str]]
 
 
 def _bracket(hyps: Sequence[str], refs: Sequence[Sequence[str]], opts: ScoreOptions) -> MetricScore:
-    res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag)
+    res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag, opts.names)
     for msg in res.errors[:20]:
         log.warning("bracket-f1: %s", msg)
     if len(res.errors) > 20:
@@ -155,7 +156,7 @@ def sentence_scores(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[st
         return [tok_bleu_mod.tok_bleu([h], [[r] for r in rs], lang, not opts.pretokenized,
                                       True, opts.lowercase, opts.normalize_quotes).score
                 for h, *rs in zip(hyps, *refs)]
-    res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag)
+    res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag, opts.names)
     return [s.f1 for s in res.sentences]
 
 

@@ -136,8 +136,10 @@ class GenerateConfig:
                                     "naming the line (also capped by the model's learned "
                                     "positions).")
     # --- input and output ---
-    split: str = option("test", "Split of the data directory translated when no CHECKPOINT is "
-                                "given.")
+    split: str | None = option(
+        None, "Translate this split of the checkpoint's data directory (the one it was trained "
+              "on) instead of stdin [default: test when no CHECKPOINT is given, else stdin].",
+        show_default=False)
     output_format: str = option(
         "text", "text: detokenized translations; jsonl: one object per line with id, source, "
                 "translation, score, tokens and token_scores.", choices=OUTPUT_FORMATS)

@@ -14,6 +14,14 @@ de-linearizes over its source words without any repair. Per beam row, a token is
 * eos: every word has its ``XX`` and every constituent is closed;
 * anything else (``<unk>``, a symbol that is neither a bracket nor ``XX``): never.
 
+Lexicalized trees (examples/parsing_wsj/prepare.py --leaves words: ``(NP the dog )NP``) have
+the words themselves as leaves; there the leaf rule reads: the next source word (mapped to its
+target id, ``<unk>`` for an unknown word) and no other word, so the output spells the
+sentence in order, and that word is scored with the probability the model gives to all
+words together (whether a word comes now is the model's decision; which word is not). Such a
+vocabulary (no ``XX``; brackets of at least three labels besides words) is recognized as a
+tree vocabulary too (:func:`tree_leaves`).
+
 Length budget: with ``max_len`` tokens allowed before eos (nmt.search.generator) and ``step``
 tokens generated, ``budget = max_len - step`` tokens may still come before eos, and
 ``need = depth + (words - XX so far)`` of them are required to finish. ``XX`` and a close
@@ -31,13 +39,15 @@ step costs a handful of [R, V] element-wise operations and no Python loop over r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from nmt.errors import UsageError
-from nmt.specials import EOS, PAD, SPECIALS
-from nmt.tasks.parsing import WORD_SLOT
+from nmt.specials import EOS, PAD, SPECIALS, UNK
+from nmt.tasks.parsing import WORD_SLOT, is_bracket
 
 FLOOR = 1e-30       # probability given to allowed tokens of a row where the model gives all 0
 
@@ -46,18 +56,33 @@ def _symbols(dictionary) -> list[str]:
     return list(getattr(dictionary, "symbols", dictionary))
 
 
-def is_tree_vocabulary(dictionary) -> bool:
-    """True when a target dictionary is that of linearized trees: it holds ``XX``, and every
-    symbol besides the specials is ``XX``, an open bracket ``(L`` or a close bracket ``)L``.
+_LABEL = re.compile(r"[A-Z]+")
+MIN_LABELS = 3      # a lexicalized tree vocabulary has at least this many (L/)L pairs
+
+
+def tree_leaves(dictionary) -> str | None:
+    """What stands for a word in the linearized trees of a target dictionary: ``xx`` when it
+    holds ``XX`` and every other symbol besides the specials is a bracket ``(L``/``)L``;
+    ``words`` (lexicalized trees, prepare.py --leaves words) when it holds no ``XX`` but open
+    and close brackets of at least MIN_LABELS phrase labels (upper-case letters), besides any
+    words; None when it is not a tree vocabulary.
 
     This is how a parsing checkpoint is recognized: checkpoints record no task, and a parsing
     data directory is an ordinary one (nmt-preprocess --subword none) whose target side is
-    linearized trees (examples/parsing_wsj/prepare.py); a joined dictionary is not recognized.
+    linearized trees (examples/parsing_wsj/prepare.py).
     """
-    syms = _symbols(dictionary)
-    rest = syms[len(SPECIALS):]
-    return WORD_SLOT in rest and all(
-        s == WORD_SLOT or s.startswith(")") or (s.startswith("(") and len(s) > 1) for s in rest)
+    rest = _symbols(dictionary)[len(SPECIALS):]
+    if WORD_SLOT in rest:
+        return "xx" if all(s == WORD_SLOT or is_bracket(s) for s in rest) else None
+    present = set(rest)
+    labels = {s[1:] for s in rest if s[:1] == "(" and _LABEL.fullmatch(s[1:])
+              and ")" + s[1:] in present}
+    return "words" if len(labels) >= MIN_LABELS else None
+
+
+def is_tree_vocabulary(dictionary) -> bool:
+    """True when a target dictionary is that of linearized trees (:func:`tree_leaves`)."""
+    return tree_leaves(dictionary) is not None
 
 
 @dataclass
@@ -67,15 +92,23 @@ class TreeVocab:
     open_label: Tensor          # [V] long: label id of ``(L``, -1 for other symbols
     close_label: Tensor         # [V] long: label id of ``)L``, -1 for other symbols
     close_any: Tensor           # [V] bool: a bare ``)`` (closes whatever is open)
-    xx: int                     # id of XX
+    leaf: Tensor                # [V] bool: stands for a word (XX; or any word and <unk>)
+    xx: int                     # id of XX (-1 for lexicalized trees)
     size: int
+
+    @property
+    def lexical(self) -> bool:
+        return self.xx < 0
 
     @classmethod
     def build(cls, dictionary) -> "TreeVocab":
         syms = _symbols(dictionary)
-        if WORD_SLOT not in syms[len(SPECIALS):]:
-            raise UsageError(f"tree constraints need a target dictionary holding {WORD_SLOT} "
-                             f"(the word placeholder of linearized trees); this one has none")
+        # Asked for explicitly (tree_constraints_for(d, True)), any dictionary with XX will do.
+        leaves = "xx" if WORD_SLOT in syms[len(SPECIALS):] else tree_leaves(dictionary)
+        if leaves is None:
+            raise UsageError(f"tree constraints need the target dictionary of linearized trees "
+                             f"(brackets with {WORD_SLOT}, or brackets of at least {MIN_LABELS} "
+                             f"labels with words); this one is not")
         labels: dict[str, int] = {}
         open_label = [-1] * len(syms)
         close_label = [-1] * len(syms)
@@ -89,12 +122,19 @@ class TreeVocab:
                 close_any[i] = True
             elif s[0] == ")":
                 close_label[i] = labels.setdefault(s[1:], len(labels))
+        if leaves == "xx":
+            xx = syms.index(WORD_SLOT)
+            leaf = [i == xx for i in range(len(syms))]
+        else:
+            xx = -1
+            leaf = [(i >= len(SPECIALS) and not is_bracket(s)) or i == UNK
+                    for i, s in enumerate(syms)]
         return cls(torch.tensor(open_label), torch.tensor(close_label),
-                   torch.tensor(close_any), syms.index(WORD_SLOT), len(syms))
+                   torch.tensor(close_any), torch.tensor(leaf), xx, len(syms))
 
     def to(self, device: torch.device) -> "TreeVocab":
         return TreeVocab(self.open_label.to(device), self.close_label.to(device),
-                         self.close_any.to(device), self.xx, self.size)
+                         self.close_any.to(device), self.leaf.to(device), self.xx, self.size)
 
 
 class TreeConstraints:
@@ -105,9 +145,17 @@ class TreeConstraints:
     forbidden tokens in place) and ``advance(rows, tokens)`` (the state of the next beam).
     """
 
-    def __init__(self, dictionary):
+    def __init__(self, dictionary, src_dictionary=None):
+        """``src_dictionary``: for lexicalized trees, the source dictionary, whose ids are
+        mapped to the target's by symbol (the same dictionary, or None: ids are equal)."""
         self.vocab = TreeVocab.build(dictionary)
         self._on: dict[torch.device, TreeVocab] = {}
+        self.src_to_tgt: Tensor | None = None
+        if self.vocab.lexical and src_dictionary is not None and \
+                _symbols(src_dictionary) != _symbols(dictionary):
+            index = {s: i for i, s in enumerate(_symbols(dictionary))}
+            self.src_to_tgt = torch.tensor([index.get(s, UNK) if i >= len(SPECIALS) else i
+                                            for i, s in enumerate(_symbols(src_dictionary))])
 
     def start(self, src_tokens: Tensor, beam: int, max_len: Tensor) -> "TreeConstraintState":
         """src_tokens [B, S] (right-padded, eos-terminated: its words are the tokens that are
@@ -119,11 +167,16 @@ class TreeConstraints:
         rows = words.numel()
         depth_cap = int(max_len.max()) // 2 + 1 if max_len.numel() else 1
         zeros = torch.zeros(rows, dtype=torch.long, device=dev)
+        src = None
+        if self.vocab.lexical:      # each row's source words, as target ids
+            src = src_tokens if self.src_to_tgt is None else \
+                self.src_to_tgt.to(dev)[src_tokens.clamp(max=self.src_to_tgt.numel() - 1)]
+            src = src.repeat_interleave(beam, 0)
         return TreeConstraintState(
             self._on[dev], stack=torch.zeros(rows, min(depth_cap, 8), dtype=torch.long,
                                              device=dev),
             depth=zeros, n_xx=zeros.clone(), empty_top=zeros.bool(), n_words=words,
-            max_len=max_len.to(dev).repeat_interleave(beam), depth_cap=depth_cap)
+            max_len=max_len.to(dev).repeat_interleave(beam), depth_cap=depth_cap, src=src)
 
 
 @dataclass
@@ -140,6 +193,7 @@ class TreeConstraintState:
     max_len: Tensor
     depth_cap: int              # no row can get deeper (max_len // 2 + 1)
     bound: int = 0              # no row is deeper yet (steps so far, at most depth_cap)
+    src: Tensor | None = None   # [R, S] source words as target ids (lexicalized trees)
 
     def forbidden(self, step: int) -> Tensor:
         """[R, V] bool: the tokens row r may not emit after ``step`` tokens."""
@@ -153,18 +207,36 @@ class TreeConstraintState:
                                 .unsqueeze(1))                        # [R, 1] innermost label
         allowed = ((v.open_label >= 0) & can_open.unsqueeze(1)) | (
             ((v.close_label == top) | v.close_any) & can_close.unsqueeze(1))
-        allowed[:, v.xx] = missing > 0
+        if v.lexical:           # the leaf is the next source word itself
+            allowed.scatter_(1, self.next_leaf(), (missing > 0).unsqueeze(1))
+        else:
+            allowed[:, v.xx] = missing > 0
         allowed[:, EOS] = need == 0
         return ~allowed
 
+    def next_leaf(self) -> Tensor:
+        """[R, 1] lexicalized trees: the target id of each row's next source word."""
+        return self.src.gather(1, self.n_xx.clamp(max=self.src.size(1) - 1).unsqueeze(1))
+
     def restrict(self, probs: Tensor, step: int) -> None:
         """Zero the forbidden tokens of ``probs`` [R, V] in place. A row whose allowed tokens
-        all have probability 0 gives them FLOOR instead, so that it can still finish."""
+        all have probability 0 gives them FLOOR instead, so that it can still finish.
+
+        Lexicalized trees: the word is given (the next source word), so what the model decides
+        is only *that* a word comes now; the next word gets the probability the model gives
+        to all words together (its XX). Scored by its own probability instead, a word the
+        model did not expect there would look improbable, and the search would rather open
+        bracket after bracket than write it."""
         if probs.size(1) != self.vocab.size:
             raise UsageError(f"tree constraints: the model predicts {probs.size(1)} symbols "
                              f"but the target dictionary has {self.vocab.size}")
         forbidden = self.forbidden(step)
+        leaf_mass = (probs * self.vocab.leaf).sum(1, keepdim=True) if self.vocab.lexical \
+            else None
         probs.masked_fill_(forbidden, 0.0)
+        if leaf_mass is not None:
+            nxt = self.next_leaf()
+            probs.scatter_(1, nxt, leaf_mass * (~forbidden.gather(1, nxt)))
         stuck = probs.sum(1, keepdim=True).eq(0)                    # no sync with the device
         probs.masked_fill_(stuck & ~forbidden, FLOOR)
 
@@ -175,7 +247,7 @@ class TreeConstraintState:
         stack, depth = self.stack.index_select(0, rows), self.depth.index_select(0, rows)
         opened = v.open_label[tokens] >= 0
         closed = (v.close_label[tokens] >= 0) | v.close_any[tokens]
-        is_xx = tokens.eq(v.xx)
+        is_xx = v.leaf[tokens]
         # The depth grows by one per step at most: widen the stack from that bound, without
         # reading the depths back from the device.
         bound = min(self.bound + 1, self.depth_cap)
@@ -191,17 +263,19 @@ class TreeConstraintState:
             v, stack, (depth + opened.long() - closed.long()).clamp(0, stack.size(1)),
             self.n_xx.index_select(0, rows) + is_xx.long(), empty_top & ~is_xx,
             self.n_words.index_select(0, rows), self.max_len.index_select(0, rows),
-            self.depth_cap, bound)
+            self.depth_cap, bound, None if self.src is None else self.src.index_select(0, rows))
 
 
-def tree_constraints_for(dictionary, enabled: bool | None = None) -> TreeConstraints | None:
+def tree_constraints_for(dictionary, enabled: bool | None = None,
+                         src_dictionary=None) -> TreeConstraints | None:
     """Constraints for a target ``dictionary``: ``enabled`` None (auto) gives them when it is a
     tree vocabulary (:func:`is_tree_vocabulary`), True always (UsageError without ``XX``),
     False never."""
     if enabled is False or (enabled is None and not is_tree_vocabulary(dictionary)):
         return None
-    return TreeConstraints(dictionary)
+    return TreeConstraints(dictionary, src_dictionary)
 
 
 __all__ = ["TreeConstraints", "TreeConstraintState", "TreeVocab", "is_tree_vocabulary",
+           "tree_leaves",
            "tree_constraints_for", "FLOOR"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, overload
 
 import numpy as np
 import torch
@@ -91,7 +91,8 @@ class Translator:
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
         # Well-formed trees by construction for a tree target vocabulary (nmt.search.
         # constraints); set to None (or tree_constraints_for(d, True/False)) to change.
-        self.constraints = tree_constraints_for(tgt_codec.dictionary)
+        self.constraints = tree_constraints_for(tgt_codec.dictionary,
+                                                src_dictionary=src_codec.dictionary)
         limit = self.ensemble.max_positions
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
         self.max_source_len = (self.batch.max_source_len if limit is None
@@ -136,8 +137,17 @@ class Translator:
                    batch=batch, device=dev)
 
     # --- translation ------------------------------------------------------------------------
-    def translate(self, lines: Sequence[str]) -> list[str]:
-        """The best translation of each line, in order (empty line -> empty string)."""
+    @overload
+    def translate(self, lines: str) -> str: ...
+
+    @overload
+    def translate(self, lines: Sequence[str]) -> list[str]: ...
+
+    def translate(self, lines):
+        """The best translation of each line, in order (empty line -> empty string); a single
+        string gives a single string."""
+        if isinstance(lines, str):
+            return self.translate_results([lines])[0].text
         return [t.text for t in self.translate_results(lines)]
 
     def translate_results(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
@@ -147,7 +157,13 @@ class Translator:
         ``progress(n)`` is called after each batch with the number of sentences it finished;
         ``first_line`` is the line number of ``lines[0]`` in warnings.
         """
+        if isinstance(lines, (str, bytes)):
+            raise TypeError("translate_results takes a list of sentences, not one string; "
+                            "wrap it: translate_results([sentence])")
         lines = list(lines)
+        bad = next((i for i, x in enumerate(lines) if not isinstance(x, str)), None)
+        if bad is not None:
+            raise TypeError(f"sentence {bad} is {type(lines[bad]).__name__}, not str")
         ids = self.src_codec.encode_batch(lines) if lines else []
         return self.translate_ids(ids, sources=lines, progress=progress, first_line=first_line)
 

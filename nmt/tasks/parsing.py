@@ -39,15 +39,26 @@ log = logging.getLogger("nmt.tasks.parsing")
 
 WORD_SLOT = "XX"
 ROOT = "TOP"
+# What stands for a word in a linearized tree: XX (Vinyals et al., the paper's section 6.3), or
+# the word itself ("lexicalized": the decoder sees which word it is at, and copying it from the
+# source is easier to learn than counting XX; see examples/parsing_wsj/README.md).
+LEAVES = ("xx", "words")
 
 
-def linearize(tree: Tree) -> list[str]:
-    """Depth-first bracket sequence; TOP (if present) is not part of it."""
+def is_bracket(tok: str) -> bool:
+    return (tok[:1] == "(" and len(tok) > 1) or tok[:1] == ")"
+
+
+def linearize(tree: Tree, leaves: str = "xx") -> list[str]:
+    """Depth-first bracket sequence; TOP (if present) is not part of it. ``leaves``: ``xx``
+    writes each word as XX, ``words`` as the word itself."""
+    if leaves not in LEAVES:
+        raise ValueError(f"leaves must be one of {LEAVES}, got {leaves!r}")
     if tree.label == ROOT and not tree.is_preterminal:
         out: list[str] = []
         for child in tree.children:
             if isinstance(child, Tree):
-                out.extend(linearize(child))
+                out.extend(linearize(child, leaves))
         return out
     out = []
     # (node, entered) pairs: the second visit of a phrase emits its closing bracket.
@@ -55,7 +66,8 @@ def linearize(tree: Tree) -> list[str]:
     while stack:
         node, entered = stack.pop()
         if node.is_preterminal:
-            out.append(WORD_SLOT)
+            word = node.children[0] if node.children else WORD_SLOT
+            out.append(WORD_SLOT if leaves == "xx" else str(word))
         elif entered:
             out.append(")" + node.label)
         else:
@@ -67,12 +79,16 @@ def linearize(tree: Tree) -> list[str]:
 
 def delinearize(sequence: str | Sequence[str], words: Sequence[str],
                 tags: Sequence[str] | None = None, root: str = ROOT,
-                stats: Counter | None = None) -> Tree:
+                stats: Counter | None = None, leaves: str = "xx") -> Tree:
     """Rebuild a tree over ``words`` from a (possibly ill-formed) generated bracket sequence.
 
     ``tags`` (one per word) are the POS tags to put back; without them every tag is ``XX``.
     ``stats`` (optional) counts the repairs made, by kind. The result is rooted at ``root``.
+    ``leaves="words"``: every token that is not a bracket stands for the next word (whatever
+    it says: the tree is always over ``words``); with ``xx`` only ``XX`` does.
     """
+    if leaves not in LEAVES:
+        raise ValueError(f"leaves must be one of {LEAVES}, got {leaves!r}")
     tokens = sequence.split() if isinstance(sequence, str) else list(sequence)
     if tags is not None and len(tags) != len(words):
         raise ValueError(f"{len(tags)} tags for {len(words)} words")
@@ -85,7 +101,7 @@ def delinearize(sequence: str | Sequence[str], words: Sequence[str],
         return Tree(tags[i] if tags is not None else WORD_SLOT, [words[i]])
 
     for tok in tokens:
-        if tok == WORD_SLOT:
+        if tok == WORD_SLOT or (leaves == "words" and tok and not is_bracket(tok)):
             if n_used < len(words):
                 stack[-1].children.append(leaf(n_used))
                 n_used += 1
@@ -172,9 +188,10 @@ def file_number(path: str) -> int | None:
 
 def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
                      splits: Sequence[SplitSpec], src_suffix: str = "words",
-                     tgt_suffix: str = "lin") -> dict[str, dict[str, int]]:
+                     tgt_suffix: str = "lin", leaves: str = "xx") -> dict[str, dict[str, int]]:
     """Write, per split, ``{split}.{src_suffix}`` (words), ``{split}.{tgt_suffix}`` (linearized
-    trees), ``{split}.gold`` (one normalized tree per line, rooted at TOP) and ``{split}.tags``.
+    trees, :func:`linearize` with ``leaves``), ``{split}.gold`` (one normalized tree per line,
+    rooted at TOP) and ``{split}.tags``.
 
     Returns {split: {"files": n, "sentences": n, "words": n}}.
     """
@@ -195,7 +212,7 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
                 tw = tree.tagged_words()
                 src.append(" ".join(w for _, w in tw))
                 tags.append(" ".join(t for t, _ in tw))
-                tgt.append(" ".join(linearize(tree)))
+                tgt.append(" ".join(linearize(tree, leaves)))
                 gold.append(to_string(with_root(tree)))
         for suffix, lines in ((src_suffix, src), (tgt_suffix, tgt), ("gold", gold), ("tags", tags)):
             with atomic_write(out / f"{spec.name}.{suffix}", "w") as fh:
@@ -206,11 +223,22 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     return summary
 
 
+def leaves_of(sequences: Iterable[str]) -> str:
+    """``xx`` when every token that is not a bracket is XX (or there is none), else ``words``."""
+    for seq in sequences:
+        if any(t != WORD_SLOT and not is_bracket(t) for t in seq.split()):
+            return "words"
+    return "xx"
+
+
 def delinearize_file(words_path: str | os.PathLike, generated_path: str | os.PathLike | None,
-                     tags_path: str | os.PathLike | None = None) -> tuple[list[str], Counter]:
-    """One tree line per input line: generated sequences (None: stdin) over the source words."""
+                     tags_path: str | os.PathLike | None = None,
+                     leaves: str | None = None) -> tuple[list[str], Counter]:
+    """One tree line per input line: generated sequences (None: stdin) over the source words.
+    ``leaves`` None: told from the sequences (:func:`leaves_of`)."""
     words = list(iter_lines(words_path))
     generated = list(iter_lines(generated_path))
+    leaves = leaves or leaves_of(generated)
     if len(generated) != len(words):
         raise NmtError(f"{generated_path or '<stdin>'} has {len(generated)} lines but "
                        f"{words_path} has {len(words)}")
@@ -224,5 +252,5 @@ def delinearize_file(words_path: str | os.PathLike, generated_path: str | os.Pat
         ts = tag_lines[i].split() if tag_lines is not None else None
         if ts is not None and len(ts) != len(ws):
             raise NmtError(f"{tags_path}: line {i + 1}: {len(ts)} tags for {len(ws)} words")
-        trees.append(to_string(delinearize(g, ws, ts, stats=stats)))
+        trees.append(to_string(delinearize(g, ws, ts, stats=stats, leaves=leaves)))
     return trees, stats

@@ -36,6 +36,7 @@ from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
 from nmt.training.signals import SignalCatcher, TrainingInterrupted
 from nmt.training.trainer import StepStats, Trainer, get_rng_state, set_rng_state
+from nmt.training import resume
 from nmt.training import validate as V
 
 log = logging.getLogger("nmt.train")
@@ -64,7 +65,7 @@ class Run:
         self.epoch, self.epoch_batches_done = 1, 0
         self.selection = Selection(cfg.best_checkpoint_metric)
         self.jsonl = JsonlLog(None)   # opened in run(): appended to when resuming
-        self.signals = SignalCatcher()
+        self.signals = SignalCatcher(self._intact_message)
 
     # --- set-up ---------------------------------------------------------------------------------
     def _build_model(self) -> None:
@@ -193,11 +194,16 @@ class Run:
         return True
 
     def _restore(self, path: Path, ck: dict) -> None:
-        if ck["model_config"] != self.model_cfg.to_dict():
-            raise NmtError(f"{path}: was trained with another model configuration; use "
-                           f"--no-resume or another --save-dir")
+        warn = log.warning if self.is_main else (lambda msg, *a: None)
         if "progress" not in ck or "optimizer" not in ck:
             raise NmtError(f"{path}: not a training checkpoint (averaged?); cannot resume")
+        resume.check_same_data(ck, path, self.data, self.data_dir, warn)
+        resume.check_same_model(ck["model_config"], self.model_cfg.to_dict(), path)
+        changed = resume.changed_options(ck.get("train_config"), self.cfg)
+        if changed:
+            warn("resuming %s with options that differ from its run: %s; the new values "
+                 "apply from update %d on", path.name, ", ".join(changed),
+                 ck["progress"]["update"] + 1)
         self.model.load_state_dict(ck["model"])
         self.trainer.load_state_dict(ck)
         prog = ck["progress"]
@@ -216,6 +222,16 @@ class Run:
             log.info("resumed from %s at update %d (epoch %d, batch %d)", path,
                      self.trainer.num_updates, self.epoch, self.epoch_batches_done)
 
+    def _intact_message(self) -> str:
+        """What a rerun resumes from (said when a second signal stops the run at once)."""
+        if not self.is_main:
+            return ""
+        saved = self.save_dir.numbered()
+        if not saved:
+            return "no checkpoint was saved yet: the same command starts afresh"
+        return (f"{saved[-1]} is intact (checkpoints are written atomically): the same "
+                f"command resumes from it")
+
     # --- validation -----------------------------------------------------------------------------
     def validate(self, kind: str = "valid", name: str | None = None) -> dict[str, Any] | None:
         """Validation statistics (and decoding scores when asked), logged as ``kind``."""
@@ -226,7 +242,8 @@ class Run:
         if self.metrics and self.is_main:
             stats.update(V.decoding_scores(self.model, self.data, self.valid_ds,
                                            self.references, self.search_config(),
-                                           self.device, self.metrics))
+                                           self.device, self.metrics,
+                                           should_stop=lambda: bool(self.signals.received)))
         if self.metrics and self.info.enabled:
             stats = all_gather_object(stats, self.info)[0]   # rank 0's scores everywhere
         barrier(self.info)
@@ -414,6 +431,12 @@ class Run:
                  "update-freq %d; device %s, %s", cfg.arch, n_params, len(self.train_ds),
                  self.info.world_size, cfg.max_tokens, cfg.update_freq, self.device,
                  cfg.precision)
+        if cfg.max_update and cfg.max_update < cfg.warmup \
+                and self.trainer.num_updates < cfg.max_update:
+            log.warning("--max-update %d ends the run before its warm-up of %d updates: the "
+                        "learning rate never reaches its peak and the model will be undertrained; "
+                        "give a shorter warm-up, e.g. --warmup %d", cfg.max_update, cfg.warmup,
+                        max(1, cfg.max_update // 4))
 
     def _log_end(self) -> None:
         s = self.total.summary()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
+from typing import Callable
 
 from nmt.errors import NmtError
 
@@ -20,15 +21,22 @@ class TrainingInterrupted(NmtError):
         self.exit_code = 128 + (signum or signal.SIGTERM)
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second signal stopped training at once; the message says which checkpoint is intact
+    (a KeyboardInterrupt, so that no ``except Exception`` on the way can swallow it)."""
+
+
 class SignalCatcher:
     """Context manager: records the first SIGINT/SIGTERM in ``received`` (the loop reads it
-    after the current update); a second one raises KeyboardInterrupt at once, which is safe
-    because checkpoints are written atomically. Restores the previous handlers on exit."""
+    after the current update); a second one raises :class:`StoppedAtOnce` at once, which is
+    safe because checkpoints are written atomically; its message is ``intact()``'s, which says
+    what a rerun resumes from. Restores the previous handlers on exit."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, intact: Callable[[], str] | None = None) -> None:
         self.received = 0
+        self.intact = intact
         self._old: dict = {}
 
     @property
@@ -37,7 +45,13 @@ class SignalCatcher:
 
     def _handler(self, signum, frame) -> None:
         if self.received:
-            raise KeyboardInterrupt
+            what = signal.Signals(signum).name
+            try:
+                detail = self.intact() if self.intact is not None else ""
+            except Exception:  # noqa: BLE001 - never fail while stopping
+                detail = ""
+            raise StoppedAtOnce(f"stopped at once by a second {what}" +
+                                (f"; {detail}" if detail else ""))
         self.received = signum
 
     def __enter__(self) -> "SignalCatcher":
@@ -56,4 +70,4 @@ class SignalCatcher:
         self._old = {}
 
 
-__all__ = ["SignalCatcher", "TrainingInterrupted"]
+__all__ = ["SignalCatcher", "StoppedAtOnce", "TrainingInterrupted"]

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -112,10 +112,19 @@ def _check_count(lines: Sequence[str], n: int, path: Path) -> None:
                        f"sentences")
 
 
-def decode_split(model, data, dataset, search: SearchConfig,
-                 device: torch.device) -> list[str]:
-    """Translations of every sentence of ``dataset``, in order, as nmt-generate makes them."""
+class DecodingStopped(Exception):
+    """``should_stop()`` said yes between two batches of validation decoding."""
+
+
+def decode_split(model, data, dataset, search: SearchConfig, device: torch.device,
+                 should_stop: Callable[[], bool] | None = None) -> list[str]:
+    """Translations of every sentence of ``dataset``, in order, as nmt-generate makes them.
+    ``should_stop`` is asked after each batch; when it says yes, DecodingStopped is raised."""
     from nmt.search.translator import Translator
+
+    def progress(n: int) -> None:
+        if should_stop is not None and should_stop():
+            raise DecodingStopped
 
     was_training = model.training
     model.eval()
@@ -123,24 +132,36 @@ def decode_split(model, data, dataset, search: SearchConfig,
         translator = Translator([model], data.src_codec, data.tgt_codec, search=search,
                                 device=device)
         ids = [dataset.src(i) for i in range(len(dataset))]
-        return [r.text for r in translator.translate_ids(ids, sources=[""] * len(ids))]
+        return [r.text for r in translator.translate_ids(ids, sources=[""] * len(ids),
+                                                         progress=progress)]
     finally:
         model.train(was_training)
 
 
 def decoding_scores(model, data, dataset, refs: References, search: SearchConfig,
-                    device: torch.device, metrics: Sequence[str]) -> dict[str, Any]:
-    """{metric: score} for the decoded validation split (sacreBLEU BLEU/chrF, bracket F1)."""
+                    device: torch.device, metrics: Sequence[str],
+                    should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """{metric: score} for the decoded validation split (sacreBLEU BLEU/chrF, bracket F1).
+    When ``should_stop()`` says yes (a signal arrived), decoding stops after the current
+    batch and only ``{"decoding_stopped": True}`` is returned: a stopping run must not wait
+    for the whole split."""
     from nmt.metrics.scoring import ScoreOptions, corpus_score
 
-    hyps = decode_split(model, data, dataset, search, device)
+    try:
+        hyps = decode_split(model, data, dataset, search, device, should_stop)
+    except DecodingStopped:
+        log.warning("validation decoding stopped by a signal: no %s this time", "/".join(metrics))
+        return {"decoding_stopped": True}
     out: dict[str, Any] = {}
     for metric in metrics:
         if metric == "bracket-f1":
             from nmt.tasks.parsing import delinearize
             from nmt.tasks.trees import to_string
 
-            trees = [to_string(delinearize(h, (refs.sources or [""])[i].split()))
+            from nmt.search.constraints import tree_leaves
+
+            leaves = tree_leaves(data.tgt_codec.dictionary) or "xx"
+            trees = [to_string(delinearize(h, (refs.sources or [""])[i].split(), leaves=leaves))
                      for i, h in enumerate(hyps)]
             score = corpus_score(metric, trees, [refs.lines], ScoreOptions())
             out["bracket_f1"] = round(score.score, 2)
