@@ -29,10 +29,13 @@ setup(
         "click>=8.1,<9",
         "rich>=13,<16",
         "numpy>=1.24,<3",
+        # curves.png in every save directory: the first thing to look at after a run.
+        "matplotlib>=3.7,<4",
     ],
     extras_require={
         "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8"],
-        "plot": ["matplotlib>=3.7,<4"],
+        "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
+        "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
     },
     entry_points={
         "console_scripts": [

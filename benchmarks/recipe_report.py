@@ -8,7 +8,7 @@
 
 Everything it prints is read from the run's own files: train_log.jsonl (validation loss and
 BLEU at each checkpoint, the training summary with its wall time) and the scores file that
-nmt-score wrote. The picture needs matplotlib (pip install 'nmt[plot]').
+nmt-score wrote. The picture is drawn with matplotlib (a dependency of nmt).
 """
 
 from __future__ import annotations

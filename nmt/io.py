@@ -48,6 +48,36 @@ def iter_stream(stream: IO[bytes], name: str) -> Iterator[str]:
         yield _decode_line(raw, name, lineno)
 
 
+def stream_batches(fd: int, max_lines: int, name: str = "<stdin>",
+                   read_size: int = 1 << 16) -> Iterator[list[str]]:
+    """Lines of the file descriptor ``fd`` (a pipe, a terminal, a file), in batches: a batch
+    ends at ``max_lines`` lines, or earlier when no more input is pending, so that a caller who
+    writes one line and waits for its answer gets it, while a fast producer still fills whole
+    batches. A last line without a terminator counts; invalid UTF-8 raises NmtError naming the
+    line. (Unbuffered reads: do not mix with reads of the same stream through sys.stdin.)"""
+    import select
+
+    buf, pending, lineno = b"", [], 0
+    while True:
+        data = os.read(fd, read_size)
+        if data:
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                lineno += 1
+                pending.append(_decode_line(raw + b"\n", name, lineno))
+        elif buf:
+            lineno += 1
+            pending.append(_decode_line(buf, name, lineno))
+            buf = b""
+        while pending and (len(pending) >= max_lines or not data or
+                           not select.select([fd], [], [], 0)[0]):
+            yield pending[:max_lines]
+            pending = pending[max_lines:]
+        if not data:
+            return
+
+
 def read_lines(path: str | os.PathLike | None, name: str | None = None) -> list[str]:
     return list(iter_lines(path, name))
 

@@ -24,7 +24,7 @@ from nmt.search.config import GenerateConfig
 
 log = logging.getLogger("nmt.generate")
 
-CHUNK_LINES = 10000      # stdin is translated in chunks of this many lines, so that it streams
+CHUNK_LINES = 10000      # an --input file is translated in chunks of this many lines
 
 
 def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -142,17 +142,25 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     else:
         sources = list(checkpoints)
     split = cfg.split or ("test" if pipeline and cfg.input_path is None else None)
+    if split is not None and (cfg.input_format != "text" or cfg.score_reference):
+        raise UsageError("--input-format jsonl and --score-reference read --input or stdin, "
+                         "not a --split")
     translator = Translator.from_checkpoint(sources, search=cfg.search, batch=cfg.batch,
                                             device=device, precision=precision)
     _set_tree_constraints(translator, cfg.tree_constraints)
-    s = translator.search
-    log.info("beam %d, lenpen %g, max length %g * source + %d, %d model(s) on %s", s.beam,
-             s.lenpen, s.max_len_a, s.max_len_b, len(translator.ensemble), translator.device)
+    if cfg.sampling:
+        translator.sampling = cfg.sampling_config
+    _log_decoding(translator, cfg)
 
     start = time.perf_counter()
     with open_output(cfg.output_path) as out:
         writer = _Writer(out, cfg.output_format, cfg.nbest)
-        if split is not None:
+        if cfg.score_reference:
+            from nmt.cli.generate_modes import score_reference
+
+            with _Progress(None, quiet) as progress:
+                writer.sentences = score_reference(translator, cfg, out, progress)
+        elif split is not None:
             from nmt.search.translator import load_split
 
             ids, texts = load_split(sources[0], split, src_codec=translator.src_codec,
@@ -160,11 +168,23 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
             with _Progress(len(ids), quiet) as progress:
                 writer(translator.translate_ids(ids, sources=texts, progress=progress))
         else:
-            _translate_lines(translator, cfg.input_path, writer, quiet)
+            _translate_lines(translator, cfg, writer, quiet)
     elapsed = time.perf_counter() - start
     log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
              "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
              writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
+
+
+def _log_decoding(translator, cfg: GenerateConfig) -> None:
+    s = translator.search
+    if cfg.sampling:
+        c = cfg.sampling_config
+        how = (f"sampling (top-k {c.topk or 'all'}, top-p {c.topp:g}, temperature "
+               f"{c.temperature:g}, seed {c.seed}), {s.nbest} per line")
+    else:
+        how = f"beam {s.beam}, lenpen {s.lenpen:g}"
+    log.info("%s, max length %g * source + %d, %d model(s) on %s", how, s.max_len_a,
+             s.max_len_b, len(translator.ensemble), translator.device)
 
 
 def _checkpoint_from_stdin() -> str:
@@ -193,36 +213,54 @@ def _set_tree_constraints(translator, enabled: bool | None) -> None:
 
 
 class _Writer:
-    """Writes each batch of results as it comes (one flush per batch), counting them."""
+    """Writes each batch's output lines as they come (one flush per batch), counting them."""
 
     def __init__(self, out: IO[bytes], output_format: str, nbest: int):
         self.out, self.output_format, self.nbest = out, output_format, nbest
         self.sentences = self.tokens = 0
 
-    def __call__(self, results) -> None:
-        text = "".join(format_result(r, self.output_format, self.nbest) + "\n"
-                       for r in results)
-        self.out.write(text.encode("utf-8"))
+    def __call__(self, results, texts: list[str] | None = None) -> None:
+        if texts is None:
+            texts = [format_result(r, self.output_format, self.nbest) for r in results]
+        self.out.write("".join(t + "\n" for t in texts).encode("utf-8"))
         self.out.flush()
         self.sentences += len(results)
         self.tokens += sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses)
 
 
-def _translate_lines(translator, input_path: str | None, emit, quiet: bool) -> None:
-    """Raw sentences from a file (read and UTF-8 checked first) or stdin (streamed)."""
-    from nmt.io import iter_lines, read_lines
+def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None:
+    """Raw lines (text or jsonl requests) from a file (read and checked first, so that bad
+    input writes nothing) or stdin (streamed: see nmt.io.stream_batches)."""
+    from nmt.cli.generate_modes import translate_chunk
+    from nmt.io import iter_lines, read_lines, stream_batches
 
-    if input_path is not None and input_path != "-":
-        lines = read_lines(input_path)      # UTF-8 checked before any work
+    name = "<stdin>"
+    if cfg.input_path is not None and cfg.input_path != "-":
+        lines = read_lines(cfg.input_path)      # UTF-8 checked before any work
+        name = cfg.input_path
+        if cfg.input_format == "jsonl":
+            from nmt.search.requests import parse_requests
+
+            parse_requests(lines, 1, name)        # every line checked before any output
         chunks, total = _chunks(iter(lines), CHUNK_LINES), len(lines)
     else:
-        # Typed at a terminal: translate each line as it comes; piped: in chunks.
-        size = 1 if sys.stdin.isatty() else CHUNK_LINES
-        chunks, total = _chunks(iter_lines(None), size), None
+        # What has arrived, up to --buffer-size lines, as soon as no more input is pending:
+        # a caller writing one line and waiting for it gets its answer; a file piped in
+        # still fills whole batches.
+        try:
+            fd: int | None = sys.stdin.fileno()
+        except (AttributeError, OSError, ValueError):   # an in-memory stdin (tests, notebooks)
+            fd = None
+        chunks = (stream_batches(fd, cfg.buffer_size) if fd is not None
+                  else _chunks(iter_lines(None), cfg.buffer_size))
+        total = None
     with _Progress(total, quiet) as progress:
         first = 1
         for chunk in chunks:
-            emit(translator.translate_results(chunk, progress=progress, first_line=first))
+            if cfg.input_format == "text" and not cfg.print_alignment:
+                emit(translator.translate_results(chunk, progress=progress, first_line=first))
+            else:
+                emit(*translate_chunk(translator, cfg, chunk, first, name, progress))
             first += len(chunk)
 
 

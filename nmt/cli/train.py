@@ -74,6 +74,7 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
       nmt-preprocess ... | nmt-train --arch transformer_base --max-update 100000 \\
           --save-interval-minutes 10 --average-last 5 | nmt-generate ...
       nmt-train data/ --best-checkpoint-metric bleu --patience 5 --average-best 5 ...
+      nmt-train indomain/ --init-from ckpt/checkpoint_best.pt --warmup 500 --save-dir ft
       torchrun --nproc_per_node 8 --no-python nmt-train data/ --max-tokens 3125 ...
       nmt-train --average ckpt/checkpoint_98000.pt ckpt/checkpoint_99000.pt --output avg.pt
 
@@ -114,7 +115,12 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
 
     cfg = build_config(TrainConfig, options, overrides=parse_overrides(overrides),
                        device=device, precision=precision)
-    get_arch(cfg.arch, cfg.overrides)   # unknown arch / key / bad value: fail before opening data
+    # Unknown arch / key / bad value: fail before opening data (with --init-from the model
+    # configuration comes from the checkpoint, checked when it is read).
+    if cfg.init_from is None:
+        get_arch(cfg.arch_name, cfg.overrides)
+    elif cfg.arch is not None:
+        get_arch(cfg.arch)
     from nmt.runtime import check_precision, resolve_device
 
     check_precision(cfg.precision, resolve_device(cfg.device), training=True)

@@ -7,4 +7,5 @@
 - ensemble.py        one model or an ensemble behind one interface (average of probabilities)
 - constraints.py     tree constraints: well-formed linearized trees by construction (parsing)
 - translator.py      ``Translator``: raw text in, translations out, in input order; load_split
+- forced.py          teacher-forced passes over given pairs: scores (score_pairs), alignments (align)
 """

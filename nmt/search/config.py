@@ -97,6 +97,7 @@ class BatchConfig:
 
 
 OUTPUT_FORMATS = ("text", "jsonl")
+INPUT_FORMATS = ("text", "jsonl")
 
 
 @dataclass
@@ -136,13 +137,55 @@ class GenerateConfig:
                                     "naming the line (also capped by the model's learned "
                                     "positions).")
     # --- input and output ---
+    buffer_size: int = option(
+        10000, "stdin: translate what has arrived, at most this many lines at a time, as soon "
+               "as no more input is pending (a program that writes a line and waits gets its "
+               "translation; a file piped in fills whole batches).")
     split: str | None = option(
         None, "Translate this split of the checkpoint's data directory (the one it was trained "
               "on) instead of stdin [default: test when no CHECKPOINT is given, else stdin].",
         show_default=False)
+    input_format: str = option(
+        "text", "text: one raw sentence per line; jsonl: one object per line, {\"source\": "
+                "...}, optionally with \"prefix\" (the translation starts with it, then beam "
+                "search goes on) and \"target\" (for --score-reference).",
+        choices=INPUT_FORMATS)
     output_format: str = option(
         "text", "text: detokenized translations; jsonl: one object per line with id, source, "
                 "translation, score, tokens and token_scores.", choices=OUTPUT_FORMATS)
+    # --- scoring given pairs, alignments ---
+    score_reference: bool = option(
+        False, "Score given pairs instead of translating: for each input line, the model's "
+               "log-probability of its target (jsonl \"target\", or the same line of "
+               "--reference). Text output: total, per-token and length-normalized "
+               "log-probability, tab-separated; jsonl: an object with all three.")
+    reference: str | None = option(
+        None, "--score-reference with text input: the targets, one per line of the input.",
+        metavar="PATH")
+    print_alignment: bool = option(
+        False, "jsonl output: add \"alignment\", for each target word the source word its "
+               "encoder-decoder attention weighs most (head-averaged), and "
+               "\"alignment_subwords\", the same on subwords.")
+    align_layer: int | None = option(
+        None, "Decoder layer of --print-alignment (0-based, negative counts from the top) "
+              "[default: the penultimate, whose attention aligns best in 6-layer Transformers "
+              "(Garg et al. 2019); small models may align better with the last: check on "
+              "your data].", show_default=False)
+    # --- sampling (nmt.search.sampling) ---
+    sampling: bool = option(
+        False, "Draw each output token from the model's distribution instead of beam search "
+               "(e.g. for back-translation); --nbest gives several samples. Reproducible: "
+               "each line draws from (--seed, its line number), so the output depends neither "
+               "on the batch size nor on the other lines.")
+    topk: int | None = option(None, "--sampling: draw from the K most probable tokens only "
+                                    "[default: all].", metavar="K", show_default=False)
+    topp: float | None = option(None, "--sampling: draw from the smallest set of tokens "
+                                      "holding this much probability, in (0, 1] "
+                                      "[default: 1].", metavar="P", show_default=False)
+    temperature: float | None = option(None, "--sampling: divide log-probabilities by T "
+                                             "before drawing [default: 1].", metavar="T",
+                                       show_default=False)
+    seed: int | None = option(None, "--sampling: random seed [default: 1].", show_default=False)
     # --- parsing ---
     tree_constraints: bool | None = option(
         None, "Parsing: constrained decoding, every output a well-formed linearized tree "
@@ -153,6 +196,28 @@ class GenerateConfig:
               "forces it on, e.g. with a joined dictionary.", negatable=True, show_default=False)
 
     def __post_init__(self) -> None:
+        if self.buffer_size < 1:
+            raise UsageError(f"--buffer-size must be >= 1, got {self.buffer_size}")
+        for name in ("topk", "topp", "temperature", "seed"):
+            if getattr(self, name) is not None and not self.sampling:
+                raise UsageError(f"--{name} goes with --sampling")
+        if self.input_format not in INPUT_FORMATS:
+            raise UsageError(f"unknown input format '{self.input_format}' "
+                             f"(choose from {', '.join(INPUT_FORMATS)})")
+        if self.print_alignment and self.output_format != "jsonl":
+            raise UsageError("--print-alignment needs --output-format jsonl")
+        if self.align_layer is not None and not self.print_alignment:
+            raise UsageError("--align-layer goes with --print-alignment")
+        if self.reference is not None and not self.score_reference:
+            raise UsageError("--reference goes with --score-reference")
+        if self.score_reference and (self.sampling or self.print_alignment):
+            raise UsageError("--score-reference scores given pairs: it does not go with "
+                             "--sampling or --print-alignment")
+        if self.score_reference and self.input_format == "text" and self.reference is None:
+            raise UsageError("--score-reference needs the targets: --reference FILE, or "
+                             "--input-format jsonl with a \"target\" on each line")
+        if self.sampling:
+            self.sampling_config     # checks --topk/--topp/--temperature
         if self.output_format not in OUTPUT_FORMATS:
             raise UsageError(f"unknown output format '{self.output_format}' "
                              f"(choose from {', '.join(OUTPUT_FORMATS)})")
@@ -161,8 +226,18 @@ class GenerateConfig:
     @property
     def search(self) -> SearchConfig:
         """The decoding options (unset ones: the checkpoint's preset)."""
-        return SearchConfig(beam=self.beam, lenpen=self.lenpen, max_len_a=self.max_len_a,
+        # Sampling draws --nbest samples whatever the beam; the beam only bounds nbest.
+        beam = max(self.beam or 1, self.nbest) if self.sampling else self.beam
+        return SearchConfig(beam=beam, lenpen=self.lenpen, max_len_a=self.max_len_a,
                             max_len_b=self.max_len_b, nbest=self.nbest)
+
+    @property
+    def sampling_config(self):
+        from nmt.search.sampling import SamplingConfig
+
+        return SamplingConfig(topk=self.topk or 0, topp=1.0 if self.topp is None else self.topp,
+                              temperature=1.0 if self.temperature is None else self.temperature,
+                              seed=1 if self.seed is None else self.seed)
 
     @property
     def batch(self) -> BatchConfig:
@@ -171,4 +246,4 @@ class GenerateConfig:
 
 
 __all__ = ["SearchConfig", "BatchConfig", "GenerateConfig", "DEFAULT_BATCH_SIZE",
-           "OUTPUT_FORMATS"]
+           "OUTPUT_FORMATS", "INPUT_FORMATS"]

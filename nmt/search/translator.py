@@ -80,9 +80,11 @@ class Translator:
 
     def __init__(self, models: Sequence[torch.nn.Module], src_codec, tgt_codec, *,
                  search: SearchConfig | None = None, batch: BatchConfig | None = None,
-                 device: str | torch.device | None = "cpu"):
+                 device: str | torch.device | None = "cpu", sampling=None):
         """``models`` are on ``device`` already, in eval mode. Unset ``search`` fields come from
-        the first model's preset (its ``cfg``; the paper's defaults for a model without one)."""
+        the first model's preset (its ``cfg``; the paper's defaults for a model without one).
+        ``sampling`` (nmt.search.sampling.SamplingConfig): draw ``search.nbest`` samples per
+        sentence instead of beam search."""
         self.ensemble = EnsembleModel(models)
         self.search = (search or SearchConfig()).resolve(getattr(models[0], "cfg", None))
         self.batch = batch or BatchConfig()
@@ -93,6 +95,7 @@ class Translator:
         # constraints); set to None (or tree_constraints_for(d, True/False)) to change.
         self.constraints = tree_constraints_for(tgt_codec.dictionary,
                                                 src_dictionary=src_codec.dictionary)
+        self.sampling = sampling
         limit = self.ensemble.max_positions
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
         self.max_source_len = (self.batch.max_source_len if limit is None
@@ -103,7 +106,7 @@ class Translator:
     def from_checkpoint(cls, paths: str | os.PathLike | dict | Sequence[str | os.PathLike | dict],
                         *, search: SearchConfig | None = None, batch: BatchConfig | None = None,
                         device: str | torch.device | None = None,
-                        precision: str = "fp32") -> "Translator":
+                        precision: str = "fp32", sampling=None) -> "Translator":
         """Load one checkpoint or an ensemble (a list of paths sharing their vocabularies).
 
         Each entry is a path or a checkpoint dict already read with
@@ -134,7 +137,7 @@ class Translator:
                                  f"vocabularies or subword models (compare with {names[0]})")
             models.append(model.to(dtype).eval())
         return cls(models, codecs[0], codecs[1], search=(search or SearchConfig()).resolve(cfg),
-                   batch=batch, device=dev)
+                   batch=batch, device=dev, sampling=sampling)
 
     # --- translation ------------------------------------------------------------------------
     @overload
@@ -151,11 +154,14 @@ class Translator:
         return [t.text for t in self.translate_results(lines)]
 
     def translate_results(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
-                          first_line: int = 1) -> list[Translation]:
+                          first_line: int = 1,
+                          prefixes: Sequence[str | None] | None = None) -> list[Translation]:
         """Rich results (scores, tokens, n-best) for raw sentences, in input order.
 
         ``progress(n)`` is called after each batch with the number of sentences it finished;
-        ``first_line`` is the line number of ``lines[0]`` in warnings.
+        ``first_line`` is the line number of ``lines[0]`` in warnings. ``prefixes`` (one per
+        line, None or "" for none): raw target text each translation must start with; it is
+        encoded with the target codec and beam search continues after it.
         """
         if isinstance(lines, (str, bytes)):
             raise TypeError("translate_results takes a list of sentences, not one string; "
@@ -165,13 +171,22 @@ class Translator:
         if bad is not None:
             raise TypeError(f"sentence {bad} is {type(lines[bad]).__name__}, not str")
         ids = self.src_codec.encode_batch(lines) if lines else []
-        return self.translate_ids(ids, sources=lines, progress=progress, first_line=first_line)
+        prefix_ids = None
+        if prefixes is not None:
+            if len(prefixes) != len(lines):
+                raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} sentences")
+            prefix_ids = [self.tgt_codec.encode(p) if p else [] for p in prefixes]
+        return self.translate_ids(ids, sources=lines, progress=progress, first_line=first_line,
+                                  prefixes=prefix_ids)
 
     def translate_ids(self, ids: Sequence[Sequence[int] | np.ndarray],
                       sources: Sequence[str] | None = None,
                       progress: Callable[[int], None] | None = None,
-                      first_line: int = 1) -> list[Translation]:
-        """Translate already-encoded sources (ids without eos), e.g. a binarized test split."""
+                      first_line: int = 1,
+                      prefixes: Sequence[Sequence[int]] | None = None) -> list[Translation]:
+        """Translate already-encoded sources (ids without eos), e.g. a binarized test split;
+        ``prefixes``: target ids (without eos) each translation starts with (see
+        nmt.search.prefix)."""
         n = len(ids)
         if sources is None:
             sources = [self.src_codec.decode(x) for x in ids]
@@ -194,12 +209,30 @@ class Translator:
             progress(len(empty))
         for batch in self._batches(arrays):
             src = self._collate([arrays[i] for i in batch])
-            hyps = beam_search(self.ensemble, src, self.search, constraints=self.constraints)
+            if self.sampling is not None:
+                from nmt.search.sampling import sample
+
+                hyps = sample(self.ensemble, src, self.search, self.sampling,
+                              [first_line + i for i in batch])
+            else:
+                hyps = beam_search(self.ensemble, src, self.search,
+                                   constraints=self._constraints(batch, prefixes))
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
                 progress(len(batch))
         return results
+
+    def _constraints(self, batch: list[int], prefixes: Sequence[Sequence[int]] | None):
+        """The tree constraints, or the batch's forced prefixes (not both)."""
+        if prefixes is None or not any(len(prefixes[i]) for i in batch):
+            return self.constraints
+        if self.constraints is not None:
+            raise UsageError("forced prefixes cannot be combined with tree constraints "
+                             "(use --no-tree-constraints)")
+        from nmt.search.prefix import PrefixConstraints
+
+        return PrefixConstraints([prefixes[i] for i in batch])
 
     def _hypothesis(self, h) -> TranslationHypothesis:
         d = self.tgt_codec.dictionary

@@ -13,6 +13,7 @@ from nmt.errors import UsageError
 from nmt.options import option
 
 METRICS = ("loss", "bleu", "chrf", "bracket-f1")
+DEFAULT_ARCH = "transformer_base"   # --arch when neither it nor --init-from is given
 
 
 def parse_duration(text: str | float | None) -> float:
@@ -43,10 +44,18 @@ class TrainConfig:
     """Everything about a run that is not the model architecture (saved in checkpoints)."""
 
     # --- model -----------------------------------------------------------------------------
-    arch: str = option("transformer_base", "Registered architecture (see --list-archs).",
-                       short="-a")
+    arch: str | None = option(None, "Registered architecture (see --list-archs) [default: "
+                              f"{DEFAULT_ARCH}; with --init-from, the checkpoint's].",
+                              short="-a")
     overrides: dict = option(None, "Change a model hyperparameter, e.g. -o dropout=0.3 -o "
                              "layers=4 (repeatable; unknown keys are an error).", cli=False)
+    init_from: str | None = option(
+        None, "Start from this checkpoint's weights (fine-tuning, domain adaptation): the "
+        "model configuration comes from it (only dropout, attention_dropout, "
+        "activation_dropout and label_smoothing may be changed with -o); the optimizer, "
+        "learning-rate schedule (--warmup, --lr-scale) and data position start afresh. "
+        "DATA_DIR must have the checkpoint's vocabularies (nmt-preprocess --reuse-vocab). "
+        "Ignored when the run resumes from SAVE_DIR.", metavar="CKPT")
     share_all_embeddings: bool | None = option(
         None, "Tie source/target embeddings and the output projection [default: when the "
         "vocabulary is joined].", negatable=True)
@@ -109,6 +118,10 @@ class TrainConfig:
                             "skipped) need CUDA.", cli=False)
     device: str = option("auto", "cpu, cuda, cuda:N or auto.", cli=False)
     log_interval: int = option(100, "Log training statistics every N updates.")
+    tensorboard_logdir: str | None = option(
+        None, "Also write the training statistics (loss, nll, ppl, lr, gnorm, tokens/s) and the "
+        "validation scores as TensorBoard scalars to DIR (needs the tensorboard package: pip "
+        "install 'nmt[tensorboard]').", metavar="DIR")
     ddp_timeout: float = option(30.0, "Minutes a rank waits for the others in a collective "
                                 "before it exits with an error (torchrun runs: a dead or hung "
                                 "rank stops the whole job).")
@@ -120,6 +133,11 @@ class TrainConfig:
         if self.overrides is None:
             self.overrides = {}
         self.max_time = parse_duration(self.max_time)
+
+    @property
+    def arch_name(self) -> str:
+        """--arch, or the default preset when it was not given."""
+        return self.arch or DEFAULT_ARCH
 
     @property
     def metric_needs_decoding(self) -> bool:
@@ -147,6 +165,8 @@ class TrainConfig:
             raise UsageError(f"--best-checkpoint-metric must be one of {', '.join(METRICS)}")
         if self.valid_beam is not None and self.valid_beam < 1:
             raise UsageError("--valid-beam must be >= 1")
+        if self.init_from == "":
+            raise UsageError("--init-from needs a checkpoint path")
 
 
-__all__ = ["TrainConfig", "METRICS", "parse_duration"]
+__all__ = ["TrainConfig", "METRICS", "DEFAULT_ARCH", "parse_duration"]

@@ -1,4 +1,5 @@
-"""The training log: JSON lines in the save directory, and a PNG of the curves at the end."""
+"""The training log: JSON lines in the save directory, optional TensorBoard scalars, and a PNG
+of the curves at the end."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("nmt.train")
+
+# Decoding scores of validation records (nmt.training.validate) and their legend labels.
+DECODING_METRICS = {"bleu": "BLEU", "chrf": "chrF", "bracket_f1": "bracket F1"}
 
 
 class JsonlLog:
@@ -40,6 +44,56 @@ class JsonlLog:
             self._f = None
 
 
+# What each kind of train_log.jsonl record sends to TensorBoard, as the tag KIND/KEY.
+TENSORBOARD_KEYS = {
+    "train": ("loss", "nll_loss", "ppl", "lr", "gnorm", "tgt_tokens_per_s"),
+    "valid": ("loss", "nll_loss", "ppl", *DECODING_METRICS),
+}
+TENSORBOARD_HINT = "pip install 'nmt[tensorboard]' or pip install tensorboard"
+
+
+class TensorBoardLog:
+    """The scalars of train_log.jsonl records, also as TensorBoard events (--tensorboard-logdir).
+
+    Does nothing without a directory, or (after one warning line) without the tensorboard
+    package. ``purge_step``: TensorBoard hides the events of earlier runs in the directory
+    from this update on (a resumed run replaces what followed its checkpoint; a fresh run,
+    ``purge_step=1``, replaces everything)."""
+
+    def __init__(self, logdir: str | os.PathLike | None, purge_step: int | None = None):
+        self._w = None
+        if not logdir:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            log.warning("--tensorboard-logdir: TensorBoard is not available (%s); training goes "
+                        "on without it: %s", e, TENSORBOARD_HINT)
+            return
+        try:
+            self._w = SummaryWriter(log_dir=str(logdir), purge_step=purge_step)
+        except OSError as e:
+            from nmt.errors import NmtError
+            raise NmtError(f"--tensorboard-logdir {logdir}: cannot write "
+                           f"({e.strerror or e})") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Send the record's scalars at step record['update']; flushed, as the JSON lines."""
+        keys = TENSORBOARD_KEYS.get(record.get("kind"), ())
+        if self._w is None or not keys:
+            return
+        for key in keys:
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._w.add_scalar(f"{record['kind']}/{key}", float(value), record["update"])
+        self._w.flush()
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
+            self._w = None
+
+
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     out = []
     p = Path(path)
@@ -53,43 +107,78 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def plot_curves(log_path: str | os.PathLike, png_path: str | os.PathLike) -> Path | None:
-    """Training and validation loss/perplexity against updates; None if matplotlib is absent."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.info("matplotlib is not installed (pip install 'nmt[plot]'): no %s", png_path)
-        return None
-    records = read_log(log_path)
-    train = [r for r in records if r.get("kind") == "train" and r.get("nll_loss") is not None]
-    valid = [r for r in records if r.get("kind") == "valid" and r.get("nll_loss") is not None]
-    if not train and not valid:
-        return None
-    fig, axes = plt.subplots(1, 3 if any("bleu" in r for r in valid) else 2, figsize=(12, 4))
+MATPLOTLIB_HINT = ("pip install 'matplotlib>=3.7,<4' (a dependency of nmt that "
+                   "pip install --no-deps leaves out)")
+
+
+def _latest(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The records of ``kind`` with a loss, the last one per update (a resumed run logs the
+    updates after its checkpoint again), in update order."""
+    by_update = {r["update"]: r for r in records
+                 if r.get("kind") == kind and r.get("nll_loss") is not None
+                 and isinstance(r.get("update"), int)}
+    return [by_update[u] for u in sorted(by_update)]
+
+
+def _xy(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """Updates and values of ``key`` (null, written for a non-finite value, becomes NaN)."""
+    pts = [(r["update"], r[key]) for r in records if key in r]
+    return [u for u, _ in pts], [math.nan if v is None else float(v) for _, v in pts]
+
+
+def draw_curves(fig, records: list[dict[str, Any]]) -> None:
+    """Draw train_log.jsonl records on a matplotlib Figure: losses, learning rate and (when
+    validation decoded) BLEU/chrF/bracket F1 against updates, side by side."""
+    train, valid = _latest(records, "train"), _latest(records, "valid")
+    metrics = [k for k in DECODING_METRICS if any(r.get(k) is not None for r in valid)]
+    axes = fig.subplots(1, 3 if metrics else 2, squeeze=True)
     ax = axes[0]
-    ax.plot([r["update"] for r in train], [r["loss"] for r in train], label="train loss")
-    ax.plot([r["update"] for r in train], [r["nll_loss"] for r in train], label="train nll")
-    ax.plot([r["update"] for r in valid], [r["loss"] for r in valid], "o-", label="valid loss")
-    ax.plot([r["update"] for r in valid], [r["nll_loss"] for r in valid], "o-", label="valid nll")
+    for recs, name, style in ((train, "train", "-"), (valid, "valid", "o-")):
+        for key, label in (("loss", "loss"), ("nll_loss", "nll")):
+            if recs:
+                ax.plot(*_xy(recs, key), style, label=f"{name} {label}")
     ax.set_xlabel("update")
     ax.set_ylabel("nats per target token")
     ax.legend()
-    ax = axes[1]
-    ax.plot([r["update"] for r in train], [r["lr"] for r in train], label="learning rate")
-    ax.set_xlabel("update")
-    ax.set_ylabel("lr")
-    ax.legend()
-    if len(axes) > 2:
-        bleu = [r for r in valid if "bleu" in r]
-        axes[2].plot([r["update"] for r in bleu], [r["bleu"] for r in bleu], "o-",
-                     label="valid BLEU (beam search)")
+    axes[1].plot(*_xy(train, "lr"), label="learning rate")
+    axes[1].set_xlabel("update")
+    axes[1].set_ylabel("lr")
+    axes[1].legend()
+    if metrics:
+        for key in metrics:
+            axes[2].plot(*_xy(valid, key), "o-", label=f"valid {DECODING_METRICS[key]}")
         axes[2].set_xlabel("update")
+        axes[2].set_ylabel("score (decoded validation split)")
         axes[2].legend()
-    fig.tight_layout()
+
+
+def plot_curves(log_path: str | os.PathLike, png_path: str | os.PathLike) -> Path | None:
+    """Draw train_log.jsonl into a PNG: training and validation losses, the learning rate and
+    the validation decoding scores against updates. None (after one warning line) when
+    matplotlib cannot be imported or the picture cannot be written; None when there is
+    nothing to draw. Uses matplotlib's Agg canvas directly, so pyplot's global backend is
+    left alone, and imports matplotlib only here (``import nmt`` stays fast)."""
+    records = read_log(log_path)
+    if not _latest(records, "train") and not _latest(records, "valid"):
+        return None
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        log.warning("no %s: matplotlib cannot be imported (%s); %s", Path(png_path).name, e,
+                    MATPLOTLIB_HINT)
+        return None
+    from nmt.errors import NmtError
     from nmt.io import atomic_write
-    with atomic_write(png_path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+
+    try:
+        fig = Figure(figsize=(12, 4), layout="tight")
+        FigureCanvasAgg(fig)
+        draw_curves(fig, records)
+        with atomic_write(png_path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    except (NmtError, OSError, ValueError, RuntimeError) as e:
+        # The run itself is done and saved: a picture that cannot be drawn is not an error.
+        log.warning("no %s: %s", Path(png_path).name, e)
+        return None
     return Path(png_path)

@@ -26,7 +26,7 @@ from nmt.errors import NmtError, UsageError
 from nmt.search.config import SearchConfig
 from nmt.training.average import average_to_file
 from nmt.training.config import TrainConfig
-from nmt.training.curves import JsonlLog, plot_curves
+from nmt.training.curves import JsonlLog, TensorBoardLog, plot_curves
 from nmt.training.distributed import (DistInfo, all_gather_object, barrier, collective_failure,
                                       env_dist_info, init_distributed, pick_device,
                                       shutdown_distributed)
@@ -36,7 +36,7 @@ from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
 from nmt.training.signals import SignalCatcher, TrainingInterrupted
 from nmt.training.trainer import StepStats, Trainer, get_rng_state, set_rng_state
-from nmt.training import resume
+from nmt.training import init_from, resume
 from nmt.training import validate as V
 
 log = logging.getLogger("nmt.train")
@@ -60,25 +60,37 @@ class Run:
         self.save_dir = SaveDir(cfg.save_dir)
         if self.is_main:
             self.save_dir.prepare()
+        # The checkpoint to resume from, looked up once (--init-from needs it before the model).
+        self._resume_looked, self._resume_found = False, None
         self._build_model()
         self._build_data()
         self.epoch, self.epoch_batches_done = 1, 0
         self.selection = Selection(cfg.best_checkpoint_metric)
         self.jsonl = JsonlLog(None)   # opened in run(): appended to when resuming
+        self.tensorboard = TensorBoardLog(None)   # opened in run() on rank 0
         self.signals = SignalCatcher(self._intact_message)
 
     # --- set-up ---------------------------------------------------------------------------------
     def _build_model(self) -> None:
-        from nmt.registry import get_arch
         import nmt
 
         cfg, data = self.cfg, self.data
-        self.model_cfg: ModelConfig = get_arch(cfg.arch, cfg.overrides)
-        share = data.joined if cfg.share_all_embeddings is None else cfg.share_all_embeddings
+        init = self._init_source() if cfg.init_from else None
+        if init is None:
+            from nmt.registry import get_arch
+
+            self.model_cfg: ModelConfig = get_arch(cfg.arch_name, cfg.overrides)
+            share = data.joined if cfg.share_all_embeddings is None else cfg.share_all_embeddings
+        else:
+            self.model_cfg = init_from.model_config(init[1], init[0], cfg.arch, cfg.overrides)
+            share = init_from.share_embeddings(init[1], init[0], cfg.share_all_embeddings)
         if share and not data.joined:
             raise UsageError("--share-all-embeddings needs a joined vocabulary "
                              "(nmt-preprocess --joined)")
         self.share = bool(share)
+        # What the checkpoints record: the preset used, and the file the weights came from.
+        self.cfg = dataclasses.replace(cfg, arch=self.model_cfg.arch, init_from=(
+            str(init[0].resolve()) if init is not None and not init[2] else None))
         # Same initial weights on every rank (DDP also broadcasts rank 0's).
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed % 2 ** 32)
@@ -86,6 +98,11 @@ class Run:
         self.model = nmt.build_model(self.model_cfg, len(data.src_codec.dictionary),
                                      len(data.tgt_codec.dictionary),
                                      share_all_embeddings=self.share)
+        if init is not None and not init[2]:
+            init_from.load_weights(self.model, init[1], init[0])
+            if self.is_main:
+                log.info("initialized the model from %s (%s); a fresh optimizer, learning-rate "
+                         "schedule and data position", init[0], init_from.describe(init[1]))
         # Different dropout masks per rank; rank 0 keeps the single-process stream.
         torch.manual_seed(cfg.seed + 1000 * self.info.rank)
         self.trainer = Trainer(self.model, label_smoothing=self.model_cfg.label_smoothing,
@@ -93,6 +110,22 @@ class Run:
                                lr_scale=cfg.lr_scale, clip_norm=cfg.clip_norm,
                                precision=cfg.precision, device=self.device,
                                dist_info=self.info)
+
+    def _init_source(self) -> tuple[Path, dict, bool]:
+        """With --init-from: (path, checkpoint, resuming) of the checkpoint that gives the model
+        configuration: SAVE_DIR's newest when the run resumes (CKPT is then not used), else
+        CKPT, whose vocabularies must be the data directory's."""
+        found = self._resume_point()
+        if found is not None:
+            if self.is_main:
+                log.info("--init-from %s is not used: the run resumes from %s",
+                         self.cfg.init_from, found[0])
+            return found[0], found[1], True
+        path = Path(self.cfg.init_from)
+        ck = ckpt_io.load_checkpoint(path)
+        warn = log.warning if self.is_main else (lambda msg: None)
+        resume.check_init_data(ck, path, self.data, self.data_dir, warn)
+        return path, ck, False
 
     def _build_data(self) -> None:
         cfg, data, info = self.cfg, self.data, self.info
@@ -179,19 +212,29 @@ class Run:
 
     def try_resume(self) -> bool:
         """Load the newest intact checkpoint of SAVE_DIR when asked; True if it did."""
+        found = self._resume_point()
+        if found is None:
+            return False
+        self._resume_found = None     # the only reference to the loaded checkpoint
+        self._restore(*found)
+        return True
+
+    def _resume_point(self) -> tuple[Path, dict] | None:
+        """The newest intact checkpoint of SAVE_DIR when resuming is on, else None (looked up
+        once: with --init-from it decides where the model comes from)."""
+        if self._resume_looked:
+            return self._resume_found
+        self._resume_looked = True
         if self.is_main:
             self.save_dir.remove_stale_temporaries()
         if not self.cfg.resume:
             if self.is_main and self.save_dir.has_checkpoints():
                 log.warning("--no-resume: starting afresh; the checkpoints in %s will be "
                             "overwritten", self.save_dir.path)
-            return False
+            return None
         warn = log.warning if self.is_main else (lambda msg: None)
-        found = self.save_dir.newest_intact(self.device, warn)
-        if found is None:
-            return False
-        self._restore(*found)
-        return True
+        self._resume_found = self.save_dir.newest_intact(self.device, warn)
+        return self._resume_found
 
     def _restore(self, path: Path, ck: dict) -> None:
         warn = log.warning if self.is_main else (lambda msg, *a: None)
@@ -206,6 +249,8 @@ class Run:
                  ck["progress"]["update"] + 1)
         self.model.load_state_dict(ck["model"])
         self.trainer.load_state_dict(ck)
+        # The run keeps the record of where its weights first came from (--init-from).
+        self.cfg.init_from = (ck.get("train_config") or {}).get("init_from")
         prog = ck["progress"]
         self.selection.load_state_dict(prog.get("selection"), prog.get("best_loss"))
         ranks = ck["rng"]["ranks"]
@@ -249,7 +294,9 @@ class Run:
         barrier(self.info)
         if self.is_main:
             rec = {"kind": kind, "update": self.trainer.num_updates, "epoch": self.epoch}
-            self.jsonl.write({**rec, **({"checkpoint": name} if name else {}), **stats})
+            rec = {**rec, **({"checkpoint": name} if name else {}), **stats}
+            self.jsonl.write(rec)
+            self.tensorboard.write(rec)
             extra = "".join(f" | {k} {stats[k]:.2f}" for k in ("bleu", "chrf", "bracket_f1")
                             if k in stats)
             log.info("%s | update %d | loss %.4f | nll %.4f | ppl %.2f%s",
@@ -262,6 +309,8 @@ class Run:
         resumed = self.try_resume()
         if self.is_main:
             self.jsonl = JsonlLog(self.save_dir.path / "train_log.jsonl", append=resumed)
+            self.tensorboard = TensorBoardLog(self.cfg.tensorboard_logdir,
+                                              purge_step=self.trainer.num_updates + 1)
             self._log_start()
         self.policy, self.total = Policy(self.cfg, self.is_main), Meter()
         stop = self._already_done()
@@ -428,9 +477,9 @@ class Run:
         cfg = self.cfg
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info("model %s: %d parameters; %d training pairs; %d ranks x %d max tokens x "
-                 "update-freq %d; device %s, %s", cfg.arch, n_params, len(self.train_ds),
-                 self.info.world_size, cfg.max_tokens, cfg.update_freq, self.device,
-                 cfg.precision)
+                 "update-freq %d; device %s, %s", self.model_cfg.arch, n_params,
+                 len(self.train_ds), self.info.world_size, cfg.max_tokens, cfg.update_freq,
+                 self.device, cfg.precision)
         if cfg.max_update and cfg.max_update < cfg.warmup \
                 and self.trainer.num_updates < cfg.max_update:
             log.warning("--max-update %d ends the run before its warm-up of %d updates: the "
@@ -446,6 +495,7 @@ class Run:
         self.jsonl.write({"kind": "summary", "update": self.trainer.num_updates,
                           "seconds": seconds, **s})
         self.jsonl.close()
+        self.tensorboard.close()
         plot_curves(self.save_dir.path / "train_log.jsonl", self.save_dir.path / "curves.png")
 
     def _nonfinite(self, stats: StepStats) -> None:
@@ -475,8 +525,10 @@ class Run:
         if not self.is_main:
             return
         mem = memory_stats(self.device)
-        self.jsonl.write({"kind": "train", "update": self.trainer.num_updates,
-                          "epoch": self.epoch, "lr": lr, **s, **mem})
+        rec = {"kind": "train", "update": self.trainer.num_updates, "epoch": self.epoch,
+               "lr": lr, **s, **mem}
+        self.jsonl.write(rec)
+        self.tensorboard.write(rec)
         log.info("epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
                  "gnorm %.3f | %.0f tgt tok/s | %.2f upd/s | rss %.2f GB%s", self.epoch,
                  self.trainer.num_updates, s["loss"], s["nll_loss"], s["ppl"], lr, s["gnorm"],

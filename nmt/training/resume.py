@@ -5,7 +5,8 @@ vocabularies and subword models (another data directory with the same codecs, e.
 encoded with ``nmt-preprocess --reuse-vocab``, is allowed with a warning). The model
 configuration must be the same. Options of the optimisation (warm-up, learning-rate scale,
 clipping, seed, batching) may change, and every change is named in a warning, never taken
-silently.
+silently. A run started with ``--init-from`` needs the vocabularies of the checkpoint it starts
+from just the same (``check_init_data``).
 """
 
 from __future__ import annotations
@@ -40,27 +41,54 @@ def codec_difference(saved, current) -> str | None:
     return "the subword models differ"
 
 
-def check_same_data(ckpt: Mapping[str, Any], path: Path, data, data_dir: str,
-                    warn: Callable[[str], None]) -> None:
-    """Refuse a data directory whose vocabularies or subword models are not the checkpoint's."""
+def vocabulary_mismatch(ckpt: Mapping[str, Any], path: Path, data) -> tuple[str, str] | None:
+    """('source' or 'target', how it differs) for the first side whose vocabulary or subword
+    model is not the checkpoint's; None when both are the same."""
     from nmt.checkpoint import codecs_from_checkpoint
 
     saved_src, saved_tgt = codecs_from_checkpoint(ckpt, str(path))
-    trained_on = ckpt.get("data_dir") or "another data directory"
     for side, saved, current in (("source", saved_src, data.src_codec),
                                  ("target", saved_tgt, data.tgt_codec)):
         diff = codec_difference(saved, current)
         if diff:
-            raise NmtError(f"{path} was trained on {trained_on}, whose {side} vocabulary "
-                           f"differs from {data_dir}'s ({diff}); cannot resume: "
-                           f"{HOW_TO_RESTART}")
+            return side, diff
+    return None
+
+
+def _check_data(ckpt: Mapping[str, Any], path: Path, data, data_dir: str,
+                warn: Callable[[str], None], doing: str, remedy: str) -> bool:
+    """Refuse a data directory with other vocabularies (``cannot DOING: REMEDY``); warn about
+    another language pair. True when the language pair is the checkpoint's."""
+    trained_on = ckpt.get("data_dir") or "another data directory"
+    mismatch = vocabulary_mismatch(ckpt, path, data)
+    if mismatch:
+        raise NmtError(f"{path} was trained on {trained_on}, whose {mismatch[0]} vocabulary "
+                       f"differs from {data_dir}'s ({mismatch[1]}); cannot {doing}: {remedy}")
     langs = (ckpt.get("src_lang"), ckpt.get("tgt_lang"))
     if langs != (data.src_lang, data.tgt_lang):
-        warn(f"resuming a {langs[0]}->{langs[1]} checkpoint on {data.src_lang}->"
-             f"{data.tgt_lang} data (the vocabularies are the same)")
-    elif ckpt.get("data_dir") and Path(ckpt["data_dir"]).resolve() != Path(data_dir).resolve():
+        warn(f"{'resuming' if doing == 'resume' else 'initializing from'} a {langs[0]}->"
+             f"{langs[1]} checkpoint on {data.src_lang}->{data.tgt_lang} data (the "
+             f"vocabularies are the same)")
+        return False
+    return True
+
+
+def check_same_data(ckpt: Mapping[str, Any], path: Path, data, data_dir: str,
+                    warn: Callable[[str], None]) -> None:
+    """Refuse a data directory whose vocabularies or subword models are not the checkpoint's."""
+    if _check_data(ckpt, path, data, data_dir, warn, "resume", HOW_TO_RESTART) and \
+            ckpt.get("data_dir") and Path(ckpt["data_dir"]).resolve() != Path(data_dir).resolve():
         warn(f"resuming on {data_dir}, not on {ckpt['data_dir']} where {path.name} was trained "
              f"(the vocabularies are the same)")
+
+
+def check_init_data(ckpt: Mapping[str, Any], path: Path, data, data_dir: str,
+                    warn: Callable[[str], None]) -> None:
+    """--init-from: refuse a data directory whose vocabularies or subword models are not the
+    checkpoint's (the embeddings would mean other symbols), saying how to encode it."""
+    trained_on = ckpt.get("data_dir") or "on the checkpoint's data directory"
+    _check_data(ckpt, path, data, data_dir, warn, "initialize from it",
+                f"encode the new data with nmt-preprocess --reuse-vocab {trained_on}")
 
 
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], path: Path) -> None:
@@ -90,4 +118,5 @@ def _fmt(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["check_same_data", "check_same_model", "changed_options", "codec_difference"]
+__all__ = ["check_same_data", "check_init_data", "check_same_model", "changed_options",
+           "codec_difference", "vocabulary_mismatch"]

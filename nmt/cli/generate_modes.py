@@ -1,0 +1,101 @@
+"""What nmt-generate does with its input besides plain translation: jsonl requests (forced
+prefixes), alignments added to jsonl output, and scoring given pairs (--score-reference)."""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any, Callable, Sequence
+
+from nmt.errors import NmtError
+from nmt.search.config import GenerateConfig
+from nmt.specials import EOS
+
+
+def translate_chunk(translator, cfg: GenerateConfig, lines: list[str], first: int,
+                    name: str, progress: Callable[[int], None] | None) -> tuple[list, list[str]]:
+    """The results and output lines of one chunk of raw input lines (text or jsonl
+    requests)."""
+    from nmt.cli.generate import format_result
+
+    prefixes = None
+    if cfg.input_format == "jsonl":
+        from nmt.search.requests import parse_requests
+
+        requests = parse_requests(lines, first, name)
+        lines = [r.source for r in requests]
+        if any(r.prefix for r in requests):
+            prefixes = [r.prefix for r in requests]
+    results = translator.translate_results(lines, progress=progress, first_line=first,
+                                           prefixes=prefixes)
+    texts = [format_result(r, cfg.output_format, cfg.nbest) for r in results]
+    if cfg.output_format == "jsonl" and (prefixes is not None or cfg.print_alignment):
+        extra = alignments(translator, results, cfg.align_layer) if cfg.print_alignment \
+            else [{} for _ in results]
+        for i, r in enumerate(results):
+            if prefixes is not None and prefixes[i]:
+                extra[i]["prefix"] = prefixes[i]
+        texts = [json.dumps({**json.loads(t), **e}, ensure_ascii=False)
+                 for t, e in zip(texts, extra)]
+    return results, texts
+
+
+def alignments(translator, results, layer: int | None) -> list[dict[str, Any]]:
+    """Per result, the best translation's alignment in Pharaoh format ("source-target" index
+    pairs): on words ("alignment") and on subwords ("alignment_subwords")."""
+    from nmt.search.forced import align, to_pharaoh, words_alignment
+
+    src_codec, tgt_codec = translator.src_codec, translator.tgt_codec
+    src_ids = [list(src_codec.encode(r.source))[:translator.max_source_len] for r in results]
+    tgt_ids = [[i for i in (r.hypotheses[0].ids if r.hypotheses else []) if i != EOS]
+               for r in results]
+    sub = align(translator, src_ids, tgt_ids, layer)
+    out = []
+    for s, t, a in zip(src_ids, tgt_ids, sub):
+        sp = [src_codec.dictionary[i] for i in s]
+        tp = [tgt_codec.dictionary[i] for i in t]
+        words = words_alignment(sp, tp, a, src_kind=src_codec.kind,
+                                tgt_kind=tgt_codec.kind) if t else []
+        out.append({"alignment": to_pharaoh(words), "alignment_subwords": to_pharaoh(a)})
+    return out
+
+
+def score_reference(translator, cfg: GenerateConfig, out: IO[bytes],
+                    progress: Callable[[int], None] | None) -> int:
+    """--score-reference: one line per input pair (text: total, per-token and normalized
+    log-probability, tab-separated; jsonl: an object). Everything is read and checked before
+    anything is written. Returns the number of pairs."""
+    from nmt.io import read_lines
+    from nmt.search.forced import score_pairs
+
+    name = cfg.input_path if cfg.input_path not in (None, "-") else "<stdin>"
+    lines = read_lines(None if name == "<stdin>" else cfg.input_path)
+    sources, targets = _pairs(cfg, lines, name)
+    scores = score_pairs(translator, sources, targets, progress=progress)
+    if cfg.output_format == "jsonl":
+        text = "".join(json.dumps(s.to_json()) + "\n" for s in scores)
+    else:
+        text = "".join(f"{s.log_prob:.6f}\t{s.per_token:.6f}\t{s.score:.6f}\n" for s in scores)
+    out.write(text.encode("utf-8"))
+    return len(scores)
+
+
+def _pairs(cfg: GenerateConfig, lines: Sequence[str], name: str
+           ) -> tuple[list[str], list[str]]:
+    from nmt.io import read_lines
+
+    if cfg.input_format == "jsonl":
+        from nmt.search.requests import parse_requests
+
+        requests = parse_requests(list(lines), 1, name)
+        missing = next((i for i, r in enumerate(requests) if r.target is None), None)
+        if missing is not None:
+            raise NmtError(f"{name}: line {missing + 1}: no \"target\" to score")
+        return [r.source for r in requests], [r.target or "" for r in requests]
+    targets = read_lines(cfg.reference)
+    if len(targets) != len(lines):
+        raise NmtError(f"{cfg.reference} has {len(targets)} lines but {name} has "
+                       f"{len(lines)}: --score-reference needs one target per source line")
+    return list(lines), targets
+
+
+__all__ = ["translate_chunk", "alignments", "score_reference"]

@@ -1,0 +1,60 @@
+"""Forced target prefixes: each sentence's translation starts with given target ids, and beam
+search continues from there (a constraints object for nmt.search.generator.beam_search).
+
+While a row has prefix tokens left, its only allowed token is the next one; the model's own
+probability of it stays in the score (floored, so that a prefix the model finds impossible is
+still forced), so the hypotheses' scores remain the model's log-probabilities of their whole
+output. A prefix longer than a sentence's length limit is cut there, as any output is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+FLOOR = 1e-30
+
+
+class PrefixConstraints:
+    """``prefixes[b]``: target ids (without eos; empty for none) of the batch's sentence b."""
+
+    def __init__(self, prefixes: Sequence[Sequence[int] | np.ndarray]):
+        self.prefixes = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prefixes]
+
+    def start(self, src_tokens: Tensor, beam: int, max_len: Tensor) -> "PrefixState":
+        if len(self.prefixes) != src_tokens.size(0):
+            raise ValueError(f"{len(self.prefixes)} prefixes for a batch of "
+                             f"{src_tokens.size(0)} sentences")
+        width = max((p.size for p in self.prefixes), default=0)
+        table = np.full((len(self.prefixes), max(width, 1)), -1, dtype=np.int64)
+        for b, p in enumerate(self.prefixes):
+            table[b, :p.size] = p
+        forced = torch.from_numpy(table).to(src_tokens.device).repeat_interleave(beam, 0)
+        return PrefixState(forced, width)
+
+
+@dataclass
+class PrefixState:
+    forced: Tensor          # [R, W]: the token each row must emit at step t, -1 when free
+    width: int              # longest prefix of the batch
+
+    def restrict(self, probs: Tensor, step: int) -> None:
+        """Rows with a prefix token at ``step`` may emit that token only."""
+        if step >= self.width:
+            return
+        want = self.forced[:, step]                                   # [R]
+        rows = want.ge(0).unsqueeze(1)                                # [R, 1]
+        idx = want.clamp(min=0).unsqueeze(1)
+        keep = probs.gather(1, idx).clamp(min=FLOOR)
+        probs.masked_fill_(rows, 0.0)
+        probs.scatter_(1, idx, torch.where(rows, keep, probs.gather(1, idx)))
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> "PrefixState":
+        return PrefixState(self.forced.index_select(0, rows), self.width)
+
+
+__all__ = ["PrefixConstraints", "PrefixState"]

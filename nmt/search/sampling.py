@@ -1,0 +1,106 @@
+"""Sampling instead of beam search (back-translation, diverse outputs): each output token is
+drawn from the model's distribution, optionally sharpened or flattened by a temperature and cut
+to the ``topk`` most probable tokens and/or the smallest set holding ``topp`` of the mass.
+
+Reproducible by construction: every output row draws its random numbers from its own
+generator, seeded by (seed, line number, sample number), one number per step whatever the
+other rows do. So the same seed gives the same output, and the output does not depend on the
+batch size nor on which other lines are in the input (up to the float rounding of the model's
+batched arithmetic). Hypotheses carry the model's own log-probabilities (not the
+temperature-modified ones) and are scored as beam search scores them (length penalty
+included); ``nbest`` samples per sentence are returned in the order they were drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.errors import UsageError
+from nmt.search.config import SearchConfig
+from nmt.search.generator import Hypothesis, max_lengths
+from nmt.search.length_penalty import length_penalty
+from nmt.specials import BOS, EOS, PAD
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    topk: int = 0                 # keep the k most probable tokens (0: all)
+    topp: float = 1.0             # keep the smallest set with this much probability (1: all)
+    temperature: float = 1.0      # p ** (1 / temperature), renormalized
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.topk < 0:
+            raise UsageError(f"--topk must be >= 0, got {self.topk}")
+        if not 0.0 < self.topp <= 1.0:
+            raise UsageError(f"--topp must be in (0, 1], got {self.topp}")
+        if not self.temperature > 0.0:
+            raise UsageError(f"--temperature must be > 0, got {self.temperature}")
+
+
+def filter_distribution(probs: Tensor, cfg: SamplingConfig) -> Tensor:
+    """The distribution to draw from: temperature, then top-k, then top-p (unnormalized)."""
+    q = probs if cfg.temperature == 1.0 else probs.clamp(min=1e-30).log().div(
+        cfg.temperature).softmax(-1).masked_fill(probs.eq(0), 0.0)
+    if cfg.topk and cfg.topk < q.size(1):
+        kth = q.topk(cfg.topk, dim=1).values[:, -1:]
+        q = q.masked_fill(q < kth, 0.0)
+    if cfg.topp < 1.0:
+        sorted_q, order = q.sort(dim=1, descending=True)
+        mass = sorted_q.cumsum(1)
+        total = mass[:, -1:]
+        # keep a token while the mass before it is below topp (the first one always)
+        drop_sorted = (mass - sorted_q) >= cfg.topp * total
+        q = q.scatter(1, order, sorted_q.masked_fill(drop_sorted, 0.0))
+    return q
+
+
+@torch.inference_mode()
+def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
+           lines: Sequence[int]) -> list[list[Hypothesis]]:
+    """``search.nbest`` samples for each sentence of ``src_tokens`` [B, S] (right-padded,
+    eos-terminated); ``lines[b]`` is sentence b's line number (part of its seed)."""
+    n, bsz = search.nbest, src_tokens.size(0)
+    src_lengths = src_tokens.ne(PAD).sum(1) - 1
+    max_len = max_lengths(src_lengths, search, model.max_positions).repeat_interleave(n)
+    rows = bsz * n
+    rngs = [np.random.Generator(np.random.PCG64([cfg.seed, int(line), j]))
+            for line in lines for j in range(n)]
+    state = model.init_state(model.encode(src_tokens), group=n)
+    prev = torch.full((rows, 1), BOS, dtype=torch.long, device=src_tokens.device)
+    out: list[list[int]] = [[] for _ in range(rows)]
+    logp: list[list[float]] = [[] for _ in range(rows)]
+    done = torch.zeros(rows, dtype=torch.bool, device=src_tokens.device)
+    for step in range(int(max_len.max()) + 1):
+        probs, state = model.step(prev, state)                      # [R, V]
+        probs[:, PAD] = 0.0
+        probs[:, BOS] = 0.0
+        at_max = max_len.eq(step)
+        probs[at_max] = torch.where(torch.arange(probs.size(1), device=probs.device).eq(EOS),
+                                    probs[at_max].clamp(min=1e-30), 0.0)
+        q = filter_distribution(probs, cfg)
+        cdf = q.cumsum(1)
+        u = torch.tensor([r.random() for r in rngs], dtype=cdf.dtype, device=cdf.device)
+        tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        tok = tok.clamp(max=probs.size(1) - 1)
+        tok = torch.where(q.gather(1, tok.unsqueeze(1)).squeeze(1) > 0, tok, q.argmax(1))
+        lp = probs.gather(1, tok.unsqueeze(1)).squeeze(1).clamp(min=1e-30).log()
+        tok_l, lp_l = tok.tolist(), lp.tolist()
+        for r in (~done).nonzero().squeeze(1).tolist():
+            out[r].append(tok_l[r])
+            logp[r].append(lp_l[r])
+        done |= tok.eq(EOS)
+        if bool(done.all()):
+            break
+        prev = tok.unsqueeze(1)
+    hyps = [Hypothesis(toks, sum(ls) / float(length_penalty(len(toks), search.lenpen)), ls)
+            for toks, ls in zip(out, logp)]
+    return [hyps[b * n:(b + 1) * n] for b in range(bsz)]
+
+
+__all__ = ["SamplingConfig", "sample", "filter_distribution"]

@@ -1,0 +1,141 @@
+"""nmt-generate's issue-15 features through the real command: sampling, forced prefixes
+(jsonl input), scoring given pairs, alignments; and their bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from nmt.cli.generate import main
+from nmt.search.forced import score_pairs
+from nmt.search.translator import Translator
+from test_translator import make_checkpoint, mixed_lines
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("features") / "tiny.pt")
+
+
+def gen(*args, stdin=None, ok=True):
+    r = CliRunner().invoke(main, ["-q", "--device", "cpu", *map(str, args)], input=stdin)
+    if ok:
+        assert r.exit_code == 0, (r.stdout, r.stderr)
+    return r
+
+
+def write(path, lines):
+    path.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def one_line_error(r, *needles):
+    assert r.exit_code != 0 and r.stdout == ""
+    err = r.stderr.strip()
+    assert "\n" not in err and err.startswith("nmt-generate: error: "), err
+    for n in needles:
+        assert n in err, err
+
+
+def test_sampling_is_reproducible_and_independent_of_batching_and_other_lines(ckpt, tmp_path):
+    lines = [x for x in mixed_lines(20, seed=5) if x.strip()]
+    src = write(tmp_path / "in.txt", lines)
+    a = gen(ckpt, "-i", src, "--sampling", "--seed", 7, "--nbest", 3).stdout
+    assert a == gen(ckpt, "-i", src, "--sampling", "--seed", 7, "--nbest", 3,
+                    "--batch-size", 2).stdout
+    assert a != gen(ckpt, "-i", src, "--sampling", "--seed", 8, "--nbest", 3).stdout
+    beam = gen(ckpt, "-i", src).stdout.splitlines()
+    samples = a.splitlines()
+    assert len(samples) == 3 * len(lines) and samples[0::3] != beam
+    # line 4's samples depend on (seed, line 4, its source) only, not on the other lines
+    other = list(lines)
+    other[0], other[2] = "w9 w9 w9", "w1"
+    b = gen(ckpt, "-i", write(tmp_path / "o.txt", other), "--sampling", "--seed", 7,
+            "--nbest", 3).stdout.splitlines()
+    assert b[9:12] == samples[9:12]
+    # top-k 1 is greedy decoding
+    greedy = gen(ckpt, "-i", src, "--beam", 1).stdout
+    assert gen(ckpt, "-i", src, "--sampling", "--topk", 1).stdout == greedy
+
+
+def test_forced_prefixes_from_jsonl(ckpt, tmp_path):
+    reqs = [{"source": "w1 w2 w3", "prefix": "w7 w8"}, {"source": "w4 w5"}, {"source": ""},
+            {"source": "w6", "prefix": ""}]
+    src = write(tmp_path / "in.jsonl", [json.dumps(r) for r in reqs])
+    out = gen(ckpt, "-i", src, "--input-format", "jsonl").stdout.split("\n")[:-1]
+    t = Translator.from_checkpoint(ckpt)
+    assert len(out) == 4 and out[0].split()[:2] == ["w7", "w8"]
+    assert out[1:] == t.translate(["w4 w5", "", "w6"])
+    rich = gen(ckpt, "-i", src, "--input-format", "jsonl", "--output-format", "jsonl").stdout
+    first = json.loads(rich.splitlines()[0])
+    assert first["prefix"] == "w7 w8" and first["tokens"][:2] == ["w7", "w8"]
+    # the prefix's log-probabilities count: scoring the output as a pair gives its score
+    forced = score_pairs(t, ["w1 w2 w3"], [first["translation"]])[0]
+    assert forced.score == pytest.approx(first["score"], abs=1e-4)
+    # text input keeps working as before
+    assert gen(ckpt, stdin="w4 w5\n").stdout.splitlines() == [out[1]]
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('{"source": 3}', '"source" must be a string, got a number'),
+    ('{"source": "w1", "prefix": ["w2"]}', '"prefix" must be a string, got a list'),
+    ('["w1"]', "expected a JSON object"),
+    ('{"src": "w1"}', 'no "source"'),
+    ('w1 w2', "not JSON"),
+])
+def test_bad_jsonl_requests(ckpt, tmp_path, line, needle):
+    src = write(tmp_path / "in.jsonl", ['{"source": "w1"}', line])
+    one_line_error(gen(ckpt, "-i", src, "--input-format", "jsonl", ok=False), "line 2", needle)
+
+
+def test_score_reference_text_and_jsonl(ckpt, tmp_path):
+    t = Translator.from_checkpoint(ckpt)
+    sources = ["w1 w2 w3", "w4", "", "w5 w6"]
+    best = t.translate_results(sources)
+    targets = [r.text for r in best]
+    src, ref = write(tmp_path / "s", sources), write(tmp_path / "t", targets)
+    out = gen(ckpt, "-i", src, "--score-reference", "--reference", ref).stdout.splitlines()
+    assert len(out) == 4
+    total, per_token, norm = map(float, out[0].split("\t"))
+    assert norm == pytest.approx(best[0].hypotheses[0].score, abs=1e-4)
+    assert per_token == pytest.approx(total / len(best[0].hypotheses[0].ids), abs=1e-5)
+    jl = write(tmp_path / "p.jsonl", [json.dumps({"source": s, "target": x})
+                                      for s, x in zip(sources, targets)])
+    rows = [json.loads(x) for x in gen(ckpt, "-i", jl, "--input-format", "jsonl",
+                                       "--score-reference", "--output-format",
+                                       "jsonl").stdout.splitlines()]
+    assert [r["id"] for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["score"] == pytest.approx(norm, abs=1e-5)
+    short = write(tmp_path / "short", targets[:3])
+    one_line_error(gen(ckpt, "-i", src, "--score-reference", "--reference", short, ok=False),
+                   "has 3 lines but", "has 4")
+    one_line_error(gen(ckpt, "-i", src, "--score-reference", ok=False), "--reference")
+
+
+def test_print_alignment(ckpt, tmp_path):
+    src = write(tmp_path / "s", ["w1 w2 w3", "w4"])
+    rows = [json.loads(x) for x in gen(ckpt, "-i", src, "--output-format", "jsonl",
+                                       "--print-alignment").stdout.splitlines()]
+    for row in rows:
+        n_words = len(row["translation"].split())
+        pairs = [tuple(map(int, p.split("-"))) for p in row["alignment"].split()]
+        assert len(pairs) == n_words and [t for _, t in pairs] == list(range(n_words))
+        assert all(0 <= s < len(row["source"].split()) for s, _ in pairs)
+    last = gen(ckpt, "-i", src, "--output-format", "jsonl", "--print-alignment",
+               "--align-layer", -1).stdout
+    assert len(last.splitlines()) == 2
+    one_line_error(gen(ckpt, "-i", src, "--print-alignment", ok=False), "--output-format jsonl")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--topk", "3"], "--topk goes with --sampling"),
+    (["--sampling", "--topp", "0"], "--topp must be in (0, 1]"),
+    (["--sampling", "--topp", "1.5"], "--topp must be in (0, 1]"),
+    (["--sampling", "--temperature", "0"], "--temperature must be > 0"),
+    (["--reference", "x"], "--reference goes with --score-reference"),
+    (["--align-layer", "1"], "--align-layer goes with --print-alignment"),
+])
+def test_bad_options(ckpt, args, needle):
+    one_line_error(gen(ckpt, *args, stdin="w1\n", ok=False), needle)
