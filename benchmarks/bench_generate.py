@@ -87,6 +87,20 @@ def run_once(translator, lines):
     return wall, tokens, res
 
 
+def checkpoints_and_lines(args, ap, work: Path) -> tuple[list, list[str]]:
+    """The checkpoints and input lines a decoding benchmark runs on: --quick's tiny model and
+    synthetic input (made in ``work``), or CHECKPOINT(s) and --input, cut to --limit."""
+    from nmt.io import read_lines
+
+    if args.quick and not args.checkpoints:
+        ckpts, lines = quick_setup(work)
+    else:
+        if not args.checkpoints or not args.input:
+            ap.error("give CHECKPOINT(s) and --input (or --quick)")
+        ckpts, lines = args.checkpoints, read_lines(args.input)
+    return ckpts, (lines[:args.limit] if args.limit else lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoints", nargs="*", help="checkpoint(s); several = an ensemble")
@@ -96,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=None)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16", "int8"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-buckets", action="store_true", help="skip time per sentence length")
     ap.add_argument("--json", help="also write the results here")
@@ -110,19 +124,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from nmt.io import read_lines
     from nmt.search.translator import BatchConfig, SearchConfig, Translator
 
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
-    if args.quick and not args.checkpoints:
-        ckpts, lines = quick_setup(Path(tmp.name))
-    else:
-        if not args.checkpoints or not args.input:
-            ap.error("give CHECKPOINT(s) and --input (or --quick)")
-        ckpts, lines = args.checkpoints, read_lines(args.input)
-    if args.limit:
-        lines = lines[:args.limit]
+    ckpts, lines = checkpoints_and_lines(args, ap, Path(tmp.name))
 
     beams = [int(b) for b in args.beams.split(",")]
     report = {"threads": args.threads, "sentences": len(lines), "precision": args.precision,

@@ -98,6 +98,36 @@ def check_readable(path: str | os.PathLike, what: str = "file", *,
     return p
 
 
+def install_directory(tmp: Path, dest: Path, what: str, fsync_files: bool = False) -> None:
+    """Rename the finished temporary directory ``tmp`` to ``dest``, replacing an old one so
+    that ``dest`` is never half-replaced (the old one is moved aside first). mkdtemp/mkstemp
+    make private (0700/0600) entries; what is installed is ordinary data, so the modes follow
+    the umask. ``fsync_files``: also flush every file to disk before the rename."""
+    import shutil
+    import tempfile
+
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask)
+        if fsync_files:
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    try:
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / dest.name)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot install the {what} ({e.strerror or e})") from None
+    fsync_dir(dest.parent)
+
+
 def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -8,6 +8,8 @@ same messages:
     dev = resolve_device("cuda", local_rank=3)           # under torchrun: cuda:3 (mod #GPUs)
     dtype = check_precision("bf16", dev)                 # inference: CPU bf16 allowed if native
     check_precision("fp16", dev, training=True)          # training: bf16/fp16 need CUDA
+    check_precision("int8", dev)                         # decoding on a CPU only: float32,
+                                                         # then nmt.models.quantize.quantize_int8
 
 Importing this module does not import torch (the command-line options list ``PRECISIONS``).
 """
@@ -22,8 +24,12 @@ if TYPE_CHECKING:
     import torch
 
 # The precision table: name -> torch dtype (by name, so that importing it stays cheap).
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# int8 is dynamic quantization for CPU decoding: the model is loaded in float32 and its linear
+# layers are then quantized (nmt.models.quantize); it cannot train.
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "float32"}
 PRECISIONS: tuple[str, ...] = tuple(_DTYPES)
+TRAINING_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+QUANTIZED_PRECISIONS: tuple[str, ...] = ("int8",)
 DEVICE_HELP = "cpu, cuda, cuda:N or auto"
 _CPU_BF16_HINT = " (bf16 also runs on CPUs with native bf16 support, e.g. AVX512-BF16)"
 
@@ -54,7 +60,8 @@ def resolve_device(device: "str | torch.device | None" = "auto",
 
 
 def precision_dtype(precision: str) -> "torch.dtype":
-    """torch.float32 / bfloat16 / float16 for fp32 / bf16 / fp16."""
+    """torch.float32 / bfloat16 / float16 for fp32 / bf16 / fp16; float32 for int8 (the dtype
+    the model is loaded in before its linear layers are quantized)."""
     import torch
 
     if precision not in _DTYPES:
@@ -74,14 +81,33 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+def check_training_precision(precision: str) -> None:
+    """UsageError for a precision that cannot train (int8: decoding only), before any device
+    is looked at."""
+    precision_dtype(precision)
+    if precision not in TRAINING_PRECISIONS:
+        raise UsageError(f"--precision {precision} is for decoding only (nmt-generate on a "
+                         f"CPU); train in fp32, or bf16/fp16 on a GPU")
+
+
 def check_precision(precision: str, device: "torch.device", *,
                     training: bool = False) -> "torch.dtype":
     """The dtype of ``precision`` after checking that it can run on ``device``.
 
     fp32 runs anywhere. Training in bf16/fp16 (autocast, and a GradScaler for fp16) needs a
     CUDA device. Inference in fp16 needs a GPU; in bf16 a GPU or a CPU with native bf16.
+    int8 (dynamic quantization) is inference on a CPU only; it returns float32, the dtype to
+    load the model in before quantizing it.
     """
     dtype = precision_dtype(precision)
+    if training:
+        check_training_precision(precision)
+    if precision in QUANTIZED_PRECISIONS:
+        if device.type != "cpu":
+            raise UsageError(f"--precision {precision} runs on the CPU only (dynamic "
+                             f"quantization); use --device cpu, or fp16/bf16 on "
+                             f"{device.type}")
+        return dtype
     if precision == "fp32" or device.type == "cuda":
         return dtype
     if training:
@@ -93,5 +119,6 @@ def check_precision(precision: str, device: "torch.device", *,
     return dtype
 
 
-__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "check_precision",
+__all__ = ["PRECISIONS", "TRAINING_PRECISIONS", "QUANTIZED_PRECISIONS", "resolve_device",
+           "precision_dtype", "check_precision", "check_training_precision",
            "cpu_has_native_bf16"]

@@ -30,3 +30,12 @@ def _reset_nmt_logger():
     _clean_nmt_logger()
     yield
     _clean_nmt_logger()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A tiny untrained checkpoint in the real format (test_translator.make_checkpoint); test
+    modules that need another one define their own ``ckpt``."""
+    from test_translator import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt")

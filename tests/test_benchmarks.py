@@ -158,3 +158,47 @@ def test_fairseq_setup_skips_with_one_line_reason(tmp_path, monkeypatch):
     res = fairseq_compare.compare(tmp_path / "fs", tmp_path / "bin", install_timeout=30)
     assert res["status"] == "skipped" and "Python 3.10" in res["reason"]
     assert "\n" not in res["reason"]
+
+
+def test_cuda_defaults_and_sections_without_a_gpu():
+    """The --device cuda path's defaults and rendering, checked on a CPU (the run itself needs a
+    GPU: tests/gpu/test_gpu_benchmarks.py)."""
+    data = str(quickstart_dir())
+    cpu = run_all.parse_args(["--data", data])
+    assert cpu.only == list(run_all.STEPS) and cpu.precision == "fp32"
+    a = run_all.parse_args(["--data", data, "--device", "cuda"])
+    assert a.only == ["train", "generate"] and a.precision == "bf16"
+    assert a.archs == ["transformer_base", "transformer_big"]
+    assert (a.max_tokens, a.warm_updates, a.updates, a.beams) == (8192, 20, 30, [4])
+    assert run_all.parse_args(["--data", data, "--device", "cuda", "--only", "train"]).only == [
+        "train"]
+
+    def row(arch, params, mfu):
+        return {"arch": arch, "params": params, "precision": "bf16", "max_tokens": 8192,
+                "updates": 30, "warm_updates": 20, "tgt_tokens_per_s": 123456.0,
+                "updates_per_s": 15.1, "achieved_gflops": 300000.0,
+                "matmul_peak_gflops": 700000.0, "mfu": mfu, "peak_rss_gb": 3.2,
+                "gpu_max_gb": 20.5, "matmul_n": 8192}
+
+    class FakeSuite:
+        cuda = True
+        results = {"train": [row("transformer_base", 61e6, 0.4286),
+                             row("transformer_big", 210e6, 0.45)]}
+        notes = {"generate": "no --checkpoint given (only --quick trains one)",
+                 "fairseq": "the fairseq comparison is CPU only"}
+
+    FakeSuite.a = run_all.parse_args(["--data", data, "--device", "cuda", "--only",
+                                      "train,generate,fairseq"])
+    machine = {"date": "2026-01-01 00:00", "cpu": "X", "cores": 16, "logical_cpus": 16,
+               "memory_gb": 128.0, "torch": "2.13.0", "python": "3.11.7", "threads": 16,
+               "gpu": "NVIDIA H100", "cuda": "12.8"}
+    out = run_all.render_all(FakeSuite(), machine)
+    assert set(out) == {"gpu-train", "gpu-generate", "gpu-memory", "gpu-fairseq"}
+    assert "GPU NVIDIA H100 (CUDA 12.8)" in out["gpu-train"]
+    rows = table_rows(out["gpu-train"])
+    assert [r[0].split()[0] for r in rows] == ["transformer_base", "transformer_big"]
+    assert [r[1] for r in rows] == ["bf16", "bf16"] and rows[0][8] == "42.9%"
+    assert number(rows[1][4]) == 123456 and number(rows[1][7]) == 700000
+    assert "bf16 rate of 8192x8192 torch.matmul timed with CUDA events" in out["gpu-train"]
+    assert "GPU max allocated 20.50 GB" in out["gpu-memory"]
+    assert "Not measured: the fairseq comparison is CPU only" in out["gpu-fairseq"]

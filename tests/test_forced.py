@@ -22,11 +22,6 @@ EOS = 2
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("forced") / "tiny.pt")
-
-
-@pytest.fixture(scope="module")
 def reversal():
     """A tiny Transformer trained (own loop, ~300 Adam steps, a few seconds) to reverse
     sequences of 24 words; returns its Translator and held-out pairs (ids)."""

@@ -17,11 +17,6 @@ from nmt.checkpoint import save_checkpoint
 from test_translator import make_checkpoint, mixed_lines
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("gen") / "tiny.pt")
-
-
 def write(path, lines):
     path.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
     return path
@@ -139,17 +134,21 @@ def test_console_script(ckpt, tmp_path):
     assert "sentences/s" in proc.stderr           # the summary line
 
 
+def run_quick_benchmark(name: str, tmp_path, *args) -> tuple[str, dict]:
+    """benchmarks/NAME --quick --threads 1 ARGS: its stdout and its --json report."""
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / name
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--threads", "1", *args,
+                           "--json", str(out)], capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, json.loads(out.read_text())
+
+
 def test_benchmark_quick_mode(tmp_path):
     """benchmarks/bench_generate.py --quick runs end to end and reports what it promises."""
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_generate.py"
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--threads", "1",
-                           "--beams", "1,2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=170)
-    assert proc.returncode == 0, proc.stderr
-    assert "sentences/s" in proc.stdout and "peak RSS" in proc.stdout
-    rep = json.loads(out.read_text())
+    stdout, rep = run_quick_benchmark("bench_generate.py", tmp_path, "--beams", "1,2")
+    assert "sentences/s" in stdout and "peak RSS" in stdout
     for beam in ("1", "2"):
         row = rep["beams"][beam]
         assert row["sentences_per_s"] > 0 and row["target_tokens"] > 0

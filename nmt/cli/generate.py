@@ -150,7 +150,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     _set_tree_constraints(translator, cfg.tree_constraints)
     if cfg.sampling:
         translator.sampling = cfg.sampling_config
-    _log_decoding(translator, cfg)
+    _log_decoding(translator, cfg, precision)
 
     start = time.perf_counter()
     with open_output(cfg.output_path) as out:
@@ -175,7 +175,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
              writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
 
 
-def _log_decoding(translator, cfg: GenerateConfig) -> None:
+def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> None:
     s = translator.search
     if cfg.sampling:
         c = cfg.sampling_config
@@ -183,8 +183,8 @@ def _log_decoding(translator, cfg: GenerateConfig) -> None:
                f"{c.temperature:g}, seed {c.seed}), {s.nbest} per line")
     else:
         how = f"beam {s.beam}, lenpen {s.lenpen:g}"
-    log.info("%s, max length %g * source + %d, %d model(s) on %s", how, s.max_len_a,
-             s.max_len_b, len(translator.ensemble), translator.device)
+    log.info("%s, max length %g * source + %d, %d model(s) on %s, %s", how, s.max_len_a,
+             s.max_len_b, len(translator.ensemble), translator.device, precision)
 
 
 def _checkpoint_from_stdin() -> str:

@@ -118,7 +118,9 @@ def runtime_options(fn: F) -> F:
     fn = click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
                       show_default=True,
                       help="fp32, or bf16/fp16 (mixed precision on a GPU; nmt-generate also "
-                           "runs bf16 on a CPU with native bf16, e.g. AVX512-BF16/AMX).")(fn)
+                           "runs bf16 on a CPU with native bf16, e.g. AVX512-BF16/AMX), or "
+                           "int8 (nmt-generate on a CPU only: linear layers dynamically "
+                           "quantized to int8).")(fn)
     fn = click.option("--device", default="auto", show_default=True,
                       help="cpu, cuda, cuda:N or auto (a GPU when there is one; under torchrun "
                            "cuda:LOCAL_RANK).")(fn)

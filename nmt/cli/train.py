@@ -108,6 +108,9 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     if len(inputs) > 1:
         raise UsageError(f"expected one data directory, got {len(inputs)} arguments "
                          f"(use --average to average checkpoints)")
+    from nmt.runtime import check_training_precision
+
+    check_training_precision(precision)     # int8 is for decoding: fail before reading stdin
     data_dir = inputs[0] if inputs else read_path_from_stdin("data directory")
 
     from nmt.config import parse_overrides

@@ -39,7 +39,7 @@ from nmt.data.rebuild import built_from, difference, existing_build
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
-from nmt.io import _decode_line, check_readable, fsync_dir
+from nmt.io import _decode_line, check_readable, fsync_dir, install_directory
 from nmt.options import option
 
 log = logging.getLogger("nmt.data.preprocess")
@@ -575,25 +575,7 @@ def _meta(cfg: PreprocessConfig, kind: str, joined: bool, dtype: np.dtype,
 
 def _install(tmp: Path, dest: Path) -> None:
     """Rename the finished temporary directory to ``dest`` (replacing an old one)."""
-    # mkdtemp/mkstemp create private (0700/0600) entries; a data directory is ordinary data.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o666 & ~umask)
-    fsync_dir(tmp)
-    try:
-        if dest.exists():
-            # Move the old directory aside first so that dest is never half-replaced.
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-            os.replace(dest, old / dest.name)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-    except OSError as e:
-        raise NmtError(f"{dest}: cannot install the data directory ({e.strerror or e})") from None
-    fsync_dir(dest.parent)
+    install_directory(tmp, dest, "data directory")
 
 
 __all__ = ["PreprocessConfig", "PreprocessResult", "SplitStats", "preprocess", "learn_codecs",

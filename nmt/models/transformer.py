@@ -114,6 +114,9 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm ones already end normalised.
         self.encoder_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else None
         self.decoder_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else None
+        # int8 decoding only (nmt.models.quantize): a quantized copy of the tied output
+        # projection. None otherwise, so training, fp32/bf16/fp16 and checkpoints never see it.
+        self.quantized_output: nn.Module | None = None
 
     @staticmethod
     def _embedding(n: int, d: int, pad_idx: int) -> nn.Embedding:
@@ -188,7 +191,12 @@ class Transformer(nn.Module):
         return out, new_state
 
     def output_projection(self, x: Tensor) -> Tensor:
-        """Pre-softmax projection tied to the target embedding: [N, t, D] -> [N, t, V]."""
+        """Pre-softmax projection tied to the target embedding: [N, t, D] -> [N, t, V].
+
+        After nmt.models.quantize.quantize_int8 it runs on an int8 copy of the embedding matrix
+        (the embedding lookups keep the float one)."""
+        if self.quantized_output is not None:
+            return self.quantized_output(x)
         return nn.functional.linear(x, self.tgt_embed.weight)
 
     def decode_full(self, prev_output_tokens: Tensor, enc: EncoderOut,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from nmt.errors import NmtError, UsageError
-from nmt.runtime import check_precision, resolve_device
+from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
 from nmt.search.constraints import tree_constraints_for
 from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
@@ -114,7 +114,9 @@ class Translator:
 
         ``search`` fields left None come from the (first) checkpoint's architecture preset.
         ``device``: cpu, cuda, cuda:N or auto/None (nmt.runtime.resolve_device).
-        ``precision`` fp16 needs a GPU; bf16 a GPU or a CPU with native bf16 support.
+        ``precision`` fp16 needs a GPU; bf16 a GPU or a CPU with native bf16 support; int8
+        (the linear layers dynamically quantized, nmt.models.quantize) runs on the CPU only,
+        which device auto/None then means.
         """
         from nmt.checkpoint import codecs_from_checkpoint, load_model_from_checkpoint, model_config
 
@@ -122,6 +124,8 @@ class Translator:
             paths = [paths]
         if not paths:
             raise UsageError("no checkpoint given")
+        if precision in QUANTIZED_PRECISIONS and (device is None or str(device) == "auto"):
+            device = "cpu"
         dev = resolve_device(device)
         dtype = check_precision(precision, dev)
         models, codecs, cfg = [], None, None
@@ -135,7 +139,12 @@ class Translator:
             elif not (src.same_as(codecs[0]) and tgt.same_as(codecs[1])):
                 raise UsageError(f"{name}: cannot ensemble checkpoints with different "
                                  f"vocabularies or subword models (compare with {names[0]})")
-            models.append(model.to(dtype).eval())
+            model = model.to(dtype).eval()
+            if precision in QUANTIZED_PRECISIONS:
+                from nmt.models.quantize import quantize_int8
+
+                model = quantize_int8(model)
+            models.append(model)
         return cls(models, codecs[0], codecs[1], search=(search or SearchConfig()).resolve(cfg),
                    batch=batch, device=dev, sampling=sampling)
 

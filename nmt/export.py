@@ -1,0 +1,573 @@
+"""Export a checkpoint for another inference engine: CTranslate2 (``nmt-export``).
+
+    export_model("checkpoint_best.pt", "ende-ct2", format="ctranslate2", quantization="int8")
+
+writes a CTranslate2 model directory that translates as nmt does, without nmt::
+
+    OUT/model.bin, config.json          the weights and settings, CTranslate2's format
+    OUT/shared_vocabulary.json          (or source_/target_vocabulary.json) nmt's dictionaries,
+                                        id for id, the specials <pad> <s> </s> <unk> at 0-3
+    OUT/source.spm, target.spm          the sentencepiece models (subword bpe), or
+    OUT/source.wordpiece.json, ...      the wordpiece tokenizers (subword wordpiece)
+    OUT/translate.py                    translates as nmt-generate does (python translate.py)
+    OUT/nmt_export.json                 what was exported and how nmt decodes it
+    OUT/README.txt                      how to tokenize, translate and detokenize
+
+How nmt's Transformer maps onto CTranslate2's ``TransformerSpec``:
+
+- post-norm (the paper's) or pre-norm layers with LayerNorm epsilon ``layer_norm_eps``; ReLU or
+  exact (erf) GELU; biases on every linear layer; the fused query/key/value (self-attention)
+  and key/value (encoder-decoder attention) projections are CTranslate2's layout already;
+- embeddings scaled by sqrt(d_model) (CTranslate2's ``scale_embeddings``), the output projection
+  tied to the target embedding (CTranslate2 stores a shared matrix once);
+- positions: nmt's sinusoids interleave sin/cos (eq. 4) from position 0, CTranslate2's built-in
+  ones are concatenated halves from position 1 with another frequency spacing, so the table is
+  written out explicitly (``position_encodings/encodings``), as are learned positions;
+- every source gets ``</s>`` appended (``add_source_eos``), decoding starts from ``<s>``;
+- nmt never predicts ``<pad>`` or ``<s>``: the output projection gets a bias of -1e4 on those
+  two ids (0 elsewhere), so CTranslate2 never predicts them either.
+
+What a model directory cannot carry is decoding: the GNMT length penalty, the length limit
+a * source length + b and nmt's handling of them. README.txt gives the CTranslate2 settings:
+greedy decoding gives nmt's output token for token; beam search comes close (see there).
+
+Models that CTranslate2 cannot run as nmt does are refused with a one-line NmtError: keys and
+values of different sizes per head (d_k != d_v), and linearized-tree target vocabularies, which
+nmt decodes under tree constraints (nmt.search.constraints).
+
+ctranslate2 is an optional dependency (``pip install 'nmt[export]'``), imported here only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nmt.errors import NmtError, UsageError
+from nmt.io import check_readable, install_directory
+from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
+
+log = logging.getLogger("nmt.export")
+
+FORMATS = ("ctranslate2",)
+# CTranslate2's weight types: float32 (exact), int8 (8-bit weights with per-row scales; the
+# other weights keep their type, float32 here) and int8_float32 (the others made float32).
+QUANTIZATIONS = ("float32", "int8_float32", "int8")
+INSTALL_HINT = "pip install 'nmt[export]'"
+# Added to the logits of <pad> and <s>: nmt's search never picks them.
+FORBIDDEN_BIAS = -1e4
+# The longest source nmt translates (BatchConfig.max_source_len, in subwords, without eos).
+MAX_SOURCE_LEN = 1024
+SUBWORD_FILES = {"bpe": "spm", "wordpiece": "wordpiece.json"}
+
+
+def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *,
+                 format: str = "ctranslate2", quantization: str = "float32",
+                 force: bool = False) -> Path:
+    """Export ``checkpoint`` (a path or a dict from nmt.checkpoint.load_checkpoint) to the model
+    directory ``out``, built beside it under a temporary name and renamed when complete.
+    ``force`` replaces a non-empty ``out``. Returns the absolute path of ``out``."""
+    if format not in FORMATS:
+        raise UsageError(f"unknown export format '{format}'; expected one of {', '.join(FORMATS)}")
+    if quantization not in QUANTIZATIONS:
+        raise UsageError(f"unknown quantization '{quantization}'; expected one of "
+                         f"{', '.join(QUANTIZATIONS)}")
+    from nmt.checkpoint import (codecs_from_checkpoint, inference_checkpoint, load_checkpoint,
+                                load_model_from_checkpoint)
+
+    # The cheap checks first: the checkpoint file, the destination, then ctranslate2.
+    name = "checkpoint" if isinstance(checkpoint, dict) else str(checkpoint)
+    if not isinstance(checkpoint, dict):
+        check_readable(checkpoint, "checkpoint", expected="a checkpoint file")
+    dest = _check_destination(out, force, None if isinstance(checkpoint, dict) else checkpoint)
+    ct2 = import_ctranslate2()
+    ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+    # Without the optimizer state of a training checkpoint: it would only take memory.
+    model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
+    src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)
+    check_exportable(model.cfg, tgt_codec, name)
+
+    spec = ctranslate2_spec(ct2, model, src_codec.dictionary.symbols,
+                            tgt_codec.dictionary.symbols)
+    try:
+        spec.validate()
+        spec.optimize(quantization=quantization)
+    except (ValueError, TypeError) as e:
+        raise NmtError(f"{name}: CTranslate2 refused the model: {' '.join(str(e).split())}"
+                       ) from None
+    info = export_info(ckpt, model, src_codec, tgt_codec, quantization, ct2.__version__,
+                       None if isinstance(checkpoint, dict) else str(checkpoint))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot create the model directory ({e.strerror or e})") from None
+    try:
+        spec.save(str(tmp))
+        for side, codec in (("source", src_codec), ("target", tgt_codec)):
+            if codec.kind in SUBWORD_FILES:
+                codec.subword.save(tmp / f"{side}.{SUBWORD_FILES[codec.kind]}")
+        (tmp / "nmt_export.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        (tmp / "translate.py").write_text(python_snippet(info) + "\n", encoding="utf-8")
+        (tmp / "README.txt").write_text(readme(info), encoding="utf-8")
+        _install(tmp, dest)
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot write the model directory "
+                       f"({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(f.stat().st_size for f in dest.iterdir() if f.is_file())
+    log.info("exported %s to %s: CTranslate2 %s, %s weights, %.1f MB", name, dest,
+             ct2.__version__, quantization, size / 1e6)
+    return dest
+
+
+def import_ctranslate2():
+    """The ctranslate2 module, or a one-line NmtError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise NmtError(f"exporting to CTranslate2 needs the ctranslate2 package: "
+                       f"{INSTALL_HINT}") from None
+    major = str(getattr(ctranslate2, "__version__", "0")).split(".")[0]
+    if major != "4":
+        raise NmtError(f"exporting to CTranslate2 needs ctranslate2 4.x, found "
+                       f"{ctranslate2.__version__}: {INSTALL_HINT}")
+    return ctranslate2
+
+
+def check_exportable(cfg, tgt_codec, name: str = "checkpoint") -> None:
+    """NmtError when CTranslate2 would not translate as nmt does."""
+    if cfg.head_dim_k != cfg.head_dim_v:
+        raise NmtError(f"{name}: cannot export to CTranslate2: its attention has keys of "
+                       f"{cfg.head_dim_k} and values of {cfg.head_dim_v} dimensions per head, "
+                       f"CTranslate2 needs one size for both")
+    from nmt.search.constraints import is_tree_vocabulary
+
+    if is_tree_vocabulary(tgt_codec.dictionary):
+        raise NmtError(f"{name}: cannot export to CTranslate2: its target vocabulary is "
+                       f"linearized trees, which nmt decodes under tree constraints that "
+                       f"CTranslate2 cannot apply")
+
+
+def position_rows(cfg) -> int:
+    """Rows of the position table: the learned ones, or as many sinusoids as nmt's longest
+    source (MAX_SOURCE_LEN + eos) or output (bos + max_len) needs with the preset's
+    max_len_a/max_len_b, and at least max_positions."""
+    if cfg.positional == "learned":
+        return cfg.max_positions
+    longest_output = math.floor(cfg.max_len_a * MAX_SOURCE_LEN + cfg.max_len_b) + 1
+    return max(cfg.max_positions, MAX_SOURCE_LEN + 1, longest_output)
+
+
+def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str]):
+    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights (float32) and the
+    vocabularies ``src_symbols``/``tgt_symbols`` (id order, specials included)."""
+    import torch
+
+    from nmt.models.layers import sinusoid_table
+
+    specs = ct2.specs
+    cfg = model.cfg
+    activation = (specs.Activation.RELU if cfg.activation == "relu" else specs.Activation.GELU)
+    head_dim = cfg.head_dim_k
+    extra: dict[str, Any] = {}
+    if head_dim * cfg.heads != cfg.d_model:
+        extra["head_dim"] = head_dim
+    encoder = specs.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, pre_norm=cfg.pre_norm,
+                                           activation=activation, **extra)
+    decoder = specs.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, pre_norm=cfg.pre_norm,
+                                           activation=activation, **extra)
+    spec = specs.TransformerSpec(encoder, decoder)
+
+    copies: dict[int, Any] = {}
+
+    def arr(t: torch.Tensor):
+        # One float32 copy per tensor: a shared embedding is one array, which CTranslate2
+        # stores once; a copy, because quantizing works on the arrays in place.
+        if id(t) not in copies:
+            copies[id(t)] = t.detach().to("cpu", torch.float32).contiguous().numpy().copy()
+        return copies[id(t)]
+
+    def linear(s, layer) -> None:
+        s.weight = arr(layer.weight)
+        s.bias = arr(layer.bias)
+
+    def norm(s, layer) -> None:
+        s.gamma = arr(layer.weight)
+        s.beta = arr(layer.bias)
+
+    if cfg.positional == "learned":
+        src_pos, tgt_pos = arr(model.src_pos.weight), arr(model.tgt_pos.weight)
+    else:
+        src_pos = tgt_pos = sinusoid_table(position_rows(cfg), cfg.d_model).numpy()
+
+    encoder.embeddings[0].weight = arr(model.src_embed.weight)
+    encoder.scale_embeddings = True                  # sqrt(d_model), as nmt
+    encoder.position_encodings.encodings = src_pos
+    def self_attention_and_ffn(s, layer, ffn_norm) -> None:
+        linear(s.self_attention.linear[0], layer.self_attn.in_proj)      # [q; k; v]
+        linear(s.self_attention.linear[1], layer.self_attn.out_proj)
+        norm(s.self_attention.layer_norm, layer.res1.norm)
+        linear(s.ffn.linear_0, layer.ffn.fc1)
+        linear(s.ffn.linear_1, layer.ffn.fc2)
+        norm(s.ffn.layer_norm, ffn_norm)
+
+    for s, layer in zip(encoder.layer, model.encoder_layers):
+        self_attention_and_ffn(s, layer, layer.res2.norm)
+    if cfg.pre_norm:
+        norm(encoder.layer_norm, model.encoder_norm)
+
+    decoder.embeddings.weight = arr(model.tgt_embed.weight)
+    decoder.scale_embeddings = True
+    decoder.position_encodings.encodings = tgt_pos
+    for s, layer in zip(decoder.layer, model.decoder_layers):
+        self_attention_and_ffn(s, layer, layer.res3.norm)
+        linear(s.attention.linear[0], layer.cross_attn.q_proj)
+        linear(s.attention.linear[1], layer.cross_attn.kv_proj)           # [k; v]
+        linear(s.attention.linear[2], layer.cross_attn.out_proj)
+        norm(s.attention.layer_norm, layer.res2.norm)
+    if cfg.pre_norm:
+        norm(decoder.layer_norm, model.decoder_norm)
+    decoder.projection.weight = arr(model.tgt_embed.weight)               # tied (section 3.4)
+    bias = torch.zeros(len(tgt_symbols), dtype=torch.float32)
+    bias[[PAD, BOS]] = FORBIDDEN_BIAS
+    decoder.projection.bias = bias.numpy()
+
+    spec.config.layer_norm_epsilon = float(cfg.layer_norm_eps)
+    spec.config.add_source_eos = True                # nmt's encoder reads ids + [</s>]
+    spec.config.add_source_bos = False
+    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = (
+        SPECIALS[BOS], SPECIALS[EOS], SPECIALS[UNK])
+    spec.config.decoder_start_token = SPECIALS[BOS]
+    spec.register_source_vocabulary(list(src_symbols))
+    spec.register_target_vocabulary(list(tgt_symbols))
+    return spec
+
+
+def export_info(ckpt: dict, model, src_codec, tgt_codec, quantization: str, ct2_version: str,
+                checkpoint_path: str | None) -> dict:
+    """What nmt_export.json records: the model, its text pipeline, nmt's decoding settings."""
+    from nmt.version import __version__
+
+    cfg = model.cfg
+    learned = cfg.positional == "learned"
+    max_source = min(MAX_SOURCE_LEN, cfg.max_positions - 1) if learned else MAX_SOURCE_LEN
+    joined = src_codec.dictionary.symbols == tgt_codec.dictionary.symbols   # one file
+
+    def side(codec, name: str) -> dict:
+        kind = codec.kind
+        return {"subword": kind,
+                "subword_file": f"{name}.{SUBWORD_FILES[kind]}" if kind in SUBWORD_FILES else None,
+                "moses_lang": codec.moses_lang, "vocab_size": len(codec.dictionary)}
+
+    return {
+        "format": "ctranslate2",
+        "ctranslate2_version": ct2_version,
+        "nmt_version": __version__,
+        "checkpoint": None if checkpoint_path is None else str(Path(checkpoint_path).absolute()),
+        "src_lang": ckpt.get("src_lang"), "tgt_lang": ckpt.get("tgt_lang"),
+        "arch": cfg.arch, "quantization": quantization,
+        "joined_vocabulary": joined,
+        "source": side(src_codec, "source"), "target": side(tgt_codec, "target"),
+        "specials": {s: i for i, s in enumerate(SPECIALS)},
+        "decoding": {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
+                     "max_len_b": cfg.max_len_b, "max_source_len": max_source,
+                     # CTranslate2's max_decoding_length may not exceed it: nmt's own cap
+                     # with learned positions, the position table's rows with sinusoids.
+                     "max_output_len": (cfg.max_positions - 1) if learned else position_rows(cfg)},
+        "positions": {"kind": cfg.positional, "rows": position_rows(cfg)},
+    }
+
+
+def _check_destination(out: str | os.PathLike, force: bool,
+                       checkpoint: str | os.PathLike | None = None) -> Path:
+    dest = Path(out).expanduser().absolute()
+    if checkpoint is not None and dest.resolve() in Path(checkpoint).resolve().parents:
+        raise NmtError(f"{dest}: holds the checkpoint {checkpoint}, which writing the model "
+                       f"there would delete; give another directory")
+    if dest.exists():
+        if not dest.is_dir():
+            raise NmtError(f"{dest}: exists and is not a directory")
+        if any(dest.iterdir()) and not force:
+            raise NmtError(f"{dest}: exists and is not empty (use --force to replace it)")
+    return dest
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Rename the finished temporary directory to ``dest`` (replacing an old one)."""
+    install_directory(tmp, dest, "model directory", fsync_files=True)
+
+
+# --- README.txt ------------------------------------------------------------------------------
+
+# Measured with this exporter on a Multi30k En-De transformer_small (BPE 8k, 1,000 test
+# sentences, beam 4, alpha 0.6, CTranslate2 4.8.5 on a CPU); see README.txt.
+MEASURED = {"sentences": 1000, "greedy": 1000, "rescored": 999, "lenpen_alpha": 967,
+            "lenpen_default": 895, "int8_greedy": 942}
+
+SNIPPET_BEGIN = "# --- translate.py ---"
+SNIPPET_END = "# --- end of translate.py ---"
+
+
+def python_snippet(info: dict) -> str:
+    """translate.py: a Python program, in the exported directory, whose ``translate(lines)``
+    does what nmt-generate does with the exported model (and ``python translate.py < in``
+    translates stdin)."""
+    src, tgt, dec = info["source"], info["target"], info["decoding"]
+    imports = ["import math", "import os", "", "import ctranslate2"]
+    setup: list[str] = []
+    to_pieces: list[str] = []
+    from_pieces: list[str] = []
+    if src["moses_lang"] or tgt["moses_lang"]:
+        imports.append("from sacremoses import MosesDetokenizer, MosesTokenizer")
+    if "bpe" in (src["subword"], tgt["subword"]):
+        imports.append("import sentencepiece as spm")
+    if src["subword"] == "wordpiece":          # (the target side needs no tokenizer)
+        imports.append("from tokenizers import Tokenizer")
+    if src["moses_lang"]:
+        setup.append(f'src_moses = MosesTokenizer(lang="{src["moses_lang"]}")')
+        to_pieces.append('    line = src_moses.tokenize(line, escape=False, '
+                         'aggressive_dash_splits=False,\n'
+                         '                              return_str=True)')
+    if src["subword"] == "bpe":
+        setup.append(f'src_sp = spm.SentencePieceProcessor(model_file=f"{{MODEL_DIR}}/'
+                     f'{src["subword_file"]}")')
+        to_pieces.append("    return src_sp.encode(line, out_type=str)")
+    elif src["subword"] == "wordpiece":
+        setup.append(f'src_wp = Tokenizer.from_file(f"{{MODEL_DIR}}/{src["subword_file"]}")')
+        setup.append('src_wp.encode_special_tokens = True   # "</s>" in a text is text')
+        to_pieces.append("    return src_wp.encode(line, add_special_tokens=False).tokens")
+    else:
+        to_pieces.append('    # the special symbols written in a text are unknown words to nmt\n'
+                         '    return [t if t not in SPECIALS else "<unk>" for t in line.split()]')
+        setup.append('SPECIALS = {"<pad>", "<s>", "</s>", "<unk>"}')
+    if tgt["subword"] == "bpe":
+        setup.append(f'tgt_sp = spm.SentencePieceProcessor(model_file=f"{{MODEL_DIR}}/'
+                     f'{tgt["subword_file"]}")')
+        from_pieces.append("    text = tgt_sp.decode(pieces)")
+    elif tgt["subword"] == "wordpiece":
+        from_pieces.append('    words = []                            # "##" pieces glue onto '
+                           'the previous one\n'
+                           '    for p in pieces:\n'
+                           '        if p.startswith("##") and words:\n'
+                           '            words[-1] += p[2:]\n'
+                           '        else:\n'
+                           '            words.append(p[2:] if p.startswith("##") else p)\n'
+                           '    text = " ".join(words)')
+    else:
+        from_pieces.append('    text = " ".join(pieces)')
+    if tgt["moses_lang"]:
+        setup.append(f'tgt_moses = MosesDetokenizer(lang="{tgt["moses_lang"]}")')
+        from_pieces.append("    return tgt_moses.detokenize(text.split(), unescape=False)")
+    else:
+        from_pieces.append("    return text")
+
+    beam, alpha = dec["beam"], dec["lenpen"]
+    a, b = dec["max_len_a"], dec["max_len_b"]
+    return "\n".join([
+        SNIPPET_BEGIN,
+        *imports,
+        "",
+        "MODEL_DIR = os.path.dirname(os.path.abspath(__file__))  # the exported directory",
+        f"BEAM, ALPHA = {beam}, {alpha!r}  # nmt: beam size, GNMT length penalty alpha",
+        f"MAX_LEN_A, MAX_LEN_B = {a!r}, {b}  # at most floor(a * source pieces + b) output pieces",
+        f"MAX_SOURCE, MAX_OUTPUT = {dec['max_source_len']}, {dec['max_output_len']}"
+        f"  # longest source, longest output (pieces)",
+        "",
+        'translator = ctranslate2.Translator(MODEL_DIR, device="cpu")   # "cuda" on a GPU',
+        *setup,
+        "",
+        "",
+        "def to_pieces(line):",
+        *to_pieces,
+        "",
+        "",
+        "def from_pieces(pieces):",
+        *from_pieces,
+        "",
+        "",
+        "def gnmt_score(hypothesis):        # nmt's: log P / ((5 + |Y|) / 6)^alpha, |Y| with </s>",
+        "    pieces, log_prob = hypothesis",
+        "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA",
+        "",
+        "",
+        "def translate(lines, beam=BEAM):",
+        "    pieces = [to_pieces(line)[:MAX_SOURCE] for line in lines]",
+        '    out = [""] * len(lines)          # no pieces: an empty translation, as nmt',
+        "    by_limit = {}                    # max_decoding_length is one number per call",
+        "    for i, p in enumerate(pieces):",
+        "        limit = min(math.floor(MAX_LEN_A * len(p) + MAX_LEN_B), MAX_OUTPUT)",
+        "        if p and limit > 0:",
+        "            by_limit.setdefault(limit, []).append(i)",
+        "    for limit, rows in by_limit.items():",
+        "        results = translator.translate_batch(",
+        "            [pieces[i] for i in rows], beam_size=beam, num_hypotheses=beam,",
+        "            length_penalty=1e-9 if beam > 1 else 0.0, return_scores=True,",
+        "            min_decoding_length=0, max_decoding_length=limit, max_input_length=0)",
+        "        for i, r in zip(rows, results):",
+        "            out[i] = from_pieces(max(zip(r.hypotheses, r.scores), key=gnmt_score)[0])",
+        "    return out",
+        "",
+        "",
+        'if __name__ == "__main__":          # python translate.py < input > output (UTF-8)',
+        "    import sys",
+        "",
+        '    lines = sys.stdin.buffer.read().decode("utf-8").split("\\n")',
+        '    if lines[-1] == "":              # after the last line\'s newline',
+        "        lines.pop()",
+        '    lines = [line[:-1] if line.endswith("\\r") else line for line in lines]',
+        '    sys.stdout.buffer.write("".join(t + "\\n" for t in translate(lines)).encode("utf-8"))',
+        SNIPPET_END,
+    ])
+
+
+def readme(info: dict) -> str:
+    """README.txt of an exported model directory: tokenize, translate, detokenize."""
+    src, tgt, dec = info["source"], info["target"], info["decoding"]
+    n, greedy, rescored, lp_alpha, lp_one, int8 = (f"{MEASURED[k]:,}" for k in (
+        "sentences", "greedy", "rescored", "lenpen_alpha", "lenpen_default", "int8_greedy"))
+    pkgs = ['"ctranslate2>=4,<5"']
+    kinds = {src["subword"], tgt["subword"]}
+    if "bpe" in kinds:
+        pkgs.append("sentencepiece")
+    if "wordpiece" in kinds:
+        pkgs.append("tokenizers")
+    if src["moses_lang"] or tgt["moses_lang"]:
+        pkgs.append("sacremoses")
+    vocab = ("shared_vocabulary.json      " if info["joined_vocabulary"] else
+             "source_vocabulary.json,\n  target_vocabulary.json      ")
+    files = [f"  model.bin, config.json      the weights and settings, CTranslate2's format",
+             f"  {vocab}nmt's dictionaries, id for id (<pad> <s> </s> <unk> are 0-3)"]
+    for side, s in (("source", src), ("target", tgt)):
+        if s["subword_file"]:
+            what = ("sentencepiece model" if s["subword"] == "bpe"
+                    else "wordpiece tokenizer (HuggingFace tokenizers)")
+            files.append(f"  {s['subword_file']:<27} the {side} {what}")
+    files += ["  translate.py                translates as nmt-generate does (below)",
+              "  nmt_export.json             what was exported, nmt's decoding settings",
+              "  README.txt                  this file"]
+
+    def step_tok(s, side):
+        moses = (f"Moses-tokenize ({s['moses_lang']}; sacremoses, escape=False, no aggressive "
+                 f"dash splits),\n     then " if s["moses_lang"] else "")
+        if s["subword"] == "bpe":
+            return f"{moses}split into pieces with {s['subword_file']} (sentencepiece)"
+        if s["subword"] == "wordpiece":
+            return f"{moses}split into pieces with {s['subword_file']} (tokenizers)"
+        return f"{moses}split at whitespace (the model has no subwords)"
+
+    def step_detok(s):
+        if s["subword"] == "bpe":
+            out = f"join the output pieces with {s['subword_file']} (sentencepiece decode)"
+        elif s["subword"] == "wordpiece":
+            out = "join the output pieces: '##' pieces glue onto the previous one"
+        else:
+            out = "join the output tokens with spaces"
+        if s["moses_lang"]:
+            out += f",\n     then Moses-detokenize ({s['moses_lang']})"
+        return out
+
+    a, b = dec["max_len_a"], dec["max_len_b"]
+    limit = f"floor({a:g} * source pieces + {b})"
+    learned = info["positions"]["kind"] == "learned"
+    cap = (f"at most {dec['max_output_len']} (nmt's limit, learned positions)" if learned else
+           f"at most {dec['max_output_len']} (the position table's rows)")
+    rows = [
+        (f"beam {dec['beam']}", f"beam_size={dec['beam']} (default 2); beam_size=1 is greedy "
+                               f"decoding"),
+        ("at most a * source + b", f"max_decoding_length={limit} (default 256),"),
+        (f"  output pieces (a={a:g}, b={b})", f"{cap}; one number per"),
+        ("", "translate_batch call: translate the sentences with the same"),
+        ("", "limit together, as translate.py does"),
+        ("an empty output is allowed", "min_decoding_length=0 (default 1)"),
+        (f"sources cut at {dec['max_source_len']} pieces",
+         "cut them yourself and max_input_length=0, or"),
+        ("", f"max_input_length={dec['max_source_len'] + 1} (it counts the </s> that "
+             f"CTranslate2"),
+        ("", "appends; default 1024)"),
+        (f"length penalty alpha {dec['lenpen']}", "see LENGTH PENALTY"),
+        ("<pad>, <s> never output", f"built into model.bin (a {FORBIDDEN_BIAS:g} bias on their "
+                                    f"logits)"),
+        ("no other penalty", "keep coverage_penalty, repetition_penalty, no_repeat_ngram_size,"),
+        ("", "disable_unk and the sampling options at their defaults"),
+    ]
+    settings = "\n".join(f"  {left:<30}{right}".rstrip() for left, right in rows)
+    return f"""\
+CTranslate2 model exported by nmt {info['nmt_version']} (nmt-export --format ctranslate2)
+from {info['checkpoint'] or 'a checkpoint'}
+{info['arch']}, {info['src_lang']} -> {info['tgt_lang']}, {info['quantization']} weights,
+CTranslate2 {info['ctranslate2_version']}.
+
+It translates without nmt:  pip install {' '.join(pkgs)}
+
+FILES
+
+{chr(10).join(files)}
+
+WHAT NMT-GENERATE DOES, AND HOW TO DO IT HERE
+
+  1. {step_tok(src, 'source')};
+     sources longer than {dec['max_source_len']} pieces are cut there
+  2. translate the pieces with ctranslate2.Translator; config.json makes CTranslate2 append
+     </s> to each source and start each output with <s>, as nmt
+  3. {step_detok(tgt)}
+  An empty line (no pieces) gives an empty line without running the model.
+
+  translate.py in this directory does all of it (with ctranslate2 and the files here;
+  nmt is not needed):
+
+    python translate.py < input.txt > output.txt        # or: from translate import translate
+
+{python_snippet(info)}
+
+DECODING SETTINGS: NMT -> CTRANSLATE2
+
+  CTranslate2's defaults differ from nmt's: set every one of these.
+
+{settings}
+
+  With these settings greedy decoding (beam_size=1) gives nmt's translations token for token
+  with float32 weights: {greedy} of {n} Multi30k test sentences were identical to
+  nmt-generate --beam 1 on a CPU (see LENGTH PENALTY for beam search).
+
+LENGTH PENALTY
+
+  nmt ranks finished hypotheses by log P(Y|X) / ((5 + |Y|) / 6)^alpha (GNMT; |Y| counts the
+  final </s>), the paper's alpha {dec['lenpen']}. CTranslate2's length_penalty=lp divides by |Y|^lp
+  (|Y| without </s>): no lp ranks as nmt does.
+
+  - translate.py's recipe (nmt's search, up to rounding): length_penalty=1e-9 (any tiny
+    value other than 0 makes CTranslate2 stop as nmt does, once beam_size hypotheses have
+    finished, and leaves the scores log-probabilities), num_hypotheses=beam_size,
+    return_scores=True, then the hypothesis with the best GNMT score.
+  - length_penalty={dec['lenpen']} and one hypothesis: simpler; favours long translations more
+    than nmt does.
+  - CTranslate2's default length_penalty=1: further from nmt.
+
+  Measured on a Multi30k En-De transformer_small (BPE, {n} test sentences, beam 4,
+  alpha 0.6): nmt's translation for {rescored} sentences with the recipe, {lp_alpha} with
+  length_penalty=0.6, {lp_one} with length_penalty=1. What remains:
+  - a hypothesis that reaches the length limit: CTranslate2 ends it without a </s>, nmt
+    forces one and counts its probability (the one sentence above);
+  - CTranslate2 normalizes its probabilities without <pad> and <s>, nmt only never picks
+    them: invisible on a trained model, 3 beam outputs in 100 on one trained for seconds;
+  - an empty translation gets the score -inf in the recipe.
+
+QUANTIZATION
+
+  int8 weights (nmt-export --quantization int8, or compute_type="int8" when loading a float32
+  export) are faster and about 3.5 times smaller; the translations differ a little from nmt's
+  float32 ones ({int8} of {n} identical with greedy decoding, measured as above).
+"""
+
+
+__all__ = ["FORMATS", "QUANTIZATIONS", "export_model", "import_ctranslate2", "check_exportable",
+           "ctranslate2_spec", "position_rows", "export_info", "readme", "python_snippet",
+           "SNIPPET_BEGIN", "SNIPPET_END"]
