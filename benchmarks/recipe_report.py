@@ -19,9 +19,8 @@ import re
 import sys
 from pathlib import Path
 
-
 # Validation metrics of train_log.jsonl, with their display names, in column order.
-METRICS = {"bleu": "BLEU", "chrf": "chrF", "bracket_f1": "bracket F1"}
+from nmt.training.curves import DECODING_METRICS as METRICS
 
 
 def read_log(path: Path) -> list[dict]:

@@ -116,7 +116,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
         (tmp / "nmt_export.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
         (tmp / "translate.py").write_text(python_snippet(info) + "\n", encoding="utf-8")
         (tmp / "README.txt").write_text(readme(info), encoding="utf-8")
-        _install(tmp, dest)
+        install_directory(tmp, dest, "model directory", fsync_files=True)
     except OSError as e:
         raise NmtError(f"{dest}: cannot write the model directory "
                        f"({e.strerror or e})") from None
@@ -298,11 +298,6 @@ def _check_destination(out: str | os.PathLike, force: bool,
         if any(dest.iterdir()) and not force:
             raise NmtError(f"{dest}: exists and is not empty (use --force to replace it)")
     return dest
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Rename the finished temporary directory to ``dest`` (replacing an old one)."""
-    install_directory(tmp, dest, "model directory", fsync_files=True)
 
 
 # --- README.txt ------------------------------------------------------------------------------

@@ -234,15 +234,14 @@ def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None
     from nmt.cli.generate_modes import translate_chunk
     from nmt.io import iter_lines, read_lines, stream_batches
 
-    name = "<stdin>"
+    jsonl = cfg.input_format == "jsonl"
     if cfg.input_path is not None and cfg.input_path != "-":
-        lines = read_lines(cfg.input_path)      # UTF-8 checked before any work
-        name = cfg.input_path
-        if cfg.input_format == "jsonl":
+        items: list = read_lines(cfg.input_path)        # UTF-8 checked before any work
+        if jsonl:                                       # every request checked before output
             from nmt.search.requests import parse_requests
 
-            parse_requests(lines, 1, name)        # every line checked before any output
-        chunks, total = _chunks(iter(lines), CHUNK_LINES), len(lines)
+            items = parse_requests(items, 1, cfg.input_path)
+        chunks, total = _chunks(iter(items), CHUNK_LINES), len(items)
     else:
         # What has arrived, up to --buffer-size lines, as soon as no more input is pending:
         # a caller writing one line and waiting for it gets its answer; a file piped in
@@ -253,15 +252,28 @@ def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None
             fd = None
         chunks = (stream_batches(fd, cfg.buffer_size) if fd is not None
                   else _chunks(iter_lines(None), cfg.buffer_size))
+        if jsonl:
+            chunks = _parsed(chunks, "<stdin>")
         total = None
     with _Progress(total, quiet) as progress:
         first = 1
         for chunk in chunks:
-            if cfg.input_format == "text" and not cfg.print_alignment:
-                emit(translator.translate_results(chunk, progress=progress, first_line=first))
+            if jsonl or cfg.print_alignment:
+                emit(*translate_chunk(translator, cfg, chunk, first, progress))
             else:
-                emit(*translate_chunk(translator, cfg, chunk, first, name, progress))
+                emit(translator.translate_results(chunk, progress=progress, first_line=first))
             first += len(chunk)
+
+
+def _parsed(chunks: Iterator[list[str]], name: str) -> Iterator[list]:
+    """Chunks of raw jsonl lines as chunks of requests (nmt.search.requests), line numbers
+    counted across chunks."""
+    from nmt.search.requests import parse_requests
+
+    first = 1
+    for chunk in chunks:
+        yield parse_requests(chunk, first, name)
+        first += len(chunk)
 
 
 if __name__ == "__main__":

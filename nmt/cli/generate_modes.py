@@ -11,32 +11,30 @@ from nmt.search.config import GenerateConfig
 from nmt.specials import EOS
 
 
-def translate_chunk(translator, cfg: GenerateConfig, lines: list[str], first: int,
-                    name: str, progress: Callable[[int], None] | None) -> tuple[list, list[str]]:
-    """The results and output lines of one chunk of raw input lines (text or jsonl
-    requests)."""
+def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
+                    progress: Callable[[int], None] | None) -> tuple[list, list[str]]:
+    """The results and output lines of one chunk of input: raw lines (text input) or
+    nmt.search.requests.Request objects (jsonl input, parsed by the caller)."""
     from nmt.cli.generate import format_result
 
     prefixes = None
     if cfg.input_format == "jsonl":
-        from nmt.search.requests import parse_requests
-
-        requests = parse_requests(lines, first, name)
-        lines = [r.source for r in requests]
-        if any(r.prefix for r in requests):
-            prefixes = [r.prefix for r in requests]
+        lines = [r.source for r in chunk]
+        if any(r.prefix for r in chunk):
+            prefixes = [r.prefix for r in chunk]
+    else:
+        lines = chunk
     results = translator.translate_results(lines, progress=progress, first_line=first,
                                            prefixes=prefixes)
-    texts = [format_result(r, cfg.output_format, cfg.nbest) for r in results]
-    if cfg.output_format == "jsonl" and (prefixes is not None or cfg.print_alignment):
-        extra = alignments(translator, results, cfg.align_layer) if cfg.print_alignment \
-            else [{} for _ in results]
-        for i, r in enumerate(results):
-            if prefixes is not None and prefixes[i]:
-                extra[i]["prefix"] = prefixes[i]
-        texts = [json.dumps({**json.loads(t), **e}, ensure_ascii=False)
-                 for t, e in zip(texts, extra)]
-    return results, texts
+    if cfg.output_format != "jsonl" or (prefixes is None and not cfg.print_alignment):
+        return results, [format_result(r, cfg.output_format, cfg.nbest) for r in results]
+    extra = alignments(translator, results, cfg.align_layer) if cfg.print_alignment \
+        else [{} for _ in results]
+    for i, r in enumerate(results):
+        if prefixes is not None and prefixes[i]:
+            extra[i]["prefix"] = prefixes[i]
+    return results, [json.dumps({**r.to_json(), **e}, ensure_ascii=False)
+                     for r, e in zip(results, extra)]
 
 
 def alignments(translator, results, layer: int | None) -> list[dict[str, Any]]:

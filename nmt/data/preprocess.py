@@ -39,7 +39,7 @@ from nmt.data.rebuild import built_from, difference, existing_build
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
-from nmt.io import _decode_line, check_readable, fsync_dir, install_directory
+from nmt.io import _decode_line, check_readable, install_directory
 from nmt.options import option
 
 log = logging.getLogger("nmt.data.preprocess")
@@ -540,7 +540,7 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
         meta = _meta(cfg, kind, joined, dtype, vocab, stats, learned, time.time() - t_start)
         meta["built_from"] = record
         write_meta(tmp, meta)
-        _install(tmp, dest)
+        install_directory(tmp, dest, "data directory")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -571,11 +571,6 @@ def _meta(cfg: PreprocessConfig, kind: str, joined: bool, dtype: np.dtype,
         "options": options,
         "seconds": round(seconds, 2),
     }
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Rename the finished temporary directory to ``dest`` (replacing an old one)."""
-    install_directory(tmp, dest, "data directory")
 
 
 __all__ = ["PreprocessConfig", "PreprocessResult", "SplitStats", "preprocess", "learn_codecs",

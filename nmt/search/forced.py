@@ -276,13 +276,8 @@ def _prepare(translator, source_ids, target_ids, first_line: int
     srcs, tgts, truncated = [], [], []
     for i, (x, y) in enumerate(zip(source_ids, target_ids)):
         line = first_line + i
-        a = _checked(x, len(translator.src_codec.dictionary), line, "source")
+        a, cut = translator.source_array(x, line)       # checked and cut as the Translator does
         b = _checked(y, len(translator.tgt_codec.dictionary), line, "target")
-        cut = False
-        if a.size > translator.max_source_len:
-            log.warning("line %d: source has %d subwords, more than the %d the model accepts; "
-                        "truncated", line, a.size, translator.max_source_len)
-            a, cut = a[:translator.max_source_len], True
         if max_target is not None and b.size > max_target:
             log.warning("line %d: target has %d subwords, more than the %d the model can "
                         "score; truncated", line, b.size, max_target)

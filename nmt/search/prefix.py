@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-FLOOR = 1e-30
+from nmt.search.constraints import FLOOR
 
 
 class PrefixConstraints:

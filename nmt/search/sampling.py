@@ -23,6 +23,7 @@ from torch import Tensor
 from nmt.errors import UsageError
 from nmt.search.config import SearchConfig
 from nmt.search.generator import Hypothesis, max_lengths
+from nmt.search.generator import _restrict as restrict_step
 from nmt.search.length_penalty import length_penalty
 from nmt.specials import BOS, EOS, PAD
 
@@ -67,7 +68,7 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     eos-terminated); ``lines[b]`` is sentence b's line number (part of its seed)."""
     n, bsz = search.nbest, src_tokens.size(0)
     src_lengths = src_tokens.ne(PAD).sum(1) - 1
-    max_len = max_lengths(src_lengths, search, model.max_positions).repeat_interleave(n)
+    max_len = max_lengths(src_lengths, search, model.max_positions)         # [B]
     rows = bsz * n
     rngs = [np.random.Generator(np.random.PCG64([cfg.seed, int(line), j]))
             for line in lines for j in range(n)]
@@ -78,11 +79,8 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     done = torch.zeros(rows, dtype=torch.bool, device=src_tokens.device)
     for step in range(int(max_len.max()) + 1):
         probs, state = model.step(prev, state)                      # [R, V]
-        probs[:, PAD] = 0.0
-        probs[:, BOS] = 0.0
-        at_max = max_len.eq(step)
-        probs[at_max] = torch.where(torch.arange(probs.size(1), device=probs.device).eq(EOS),
-                                    probs[at_max].clamp(min=1e-30), 0.0)
+        # What beam search may not emit either: pad, bos, anything but eos at the length limit.
+        restrict_step(probs, step, max_len, n, None)
         q = filter_distribution(probs, cfg)
         cdf = q.cumsum(1)
         u = torch.tensor([r.random() for r in rngs], dtype=cdf.dtype, device=cdf.device)

@@ -201,17 +201,8 @@ class Translator:
             sources = [self.src_codec.decode(x) for x in ids]
         results = [Translation(i, sources[i]) for i in range(n)]
         arrays: list[np.ndarray] = []
-        vocab = len(self.src_codec.dictionary)
         for i, x in enumerate(ids):
-            a = np.asarray(x, dtype=np.int64).reshape(-1)
-            if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab):
-                raise NmtError(f"line {first_line + i}: source id outside the vocabulary "
-                               f"(0..{vocab - 1})")
-            if a.size > self.max_source_len:
-                log.warning("line %d: source has %d subwords, more than the %d the model "
-                            "accepts; truncated", first_line + i, a.size, self.max_source_len)
-                a = a[:self.max_source_len]
-                results[i].truncated = True
+            a, results[i].truncated = self.source_array(x, first_line + i)
             arrays.append(a)
         empty = [i for i in range(n) if arrays[i].size == 0]
         if progress is not None and empty:
@@ -231,6 +222,20 @@ class Translator:
             if progress is not None:
                 progress(len(batch))
         return results
+
+    def source_array(self, ids: Sequence[int] | np.ndarray, line: int) -> tuple[np.ndarray, bool]:
+        """Source ids (without eos) as an int64 array checked against the source vocabulary
+        and cut to what the model accepts (with a warning naming ``line``); and whether it
+        was cut."""
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        vocab = len(self.src_codec.dictionary)
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab):
+            raise NmtError(f"line {line}: source id outside the vocabulary (0..{vocab - 1})")
+        if a.size <= self.max_source_len:
+            return a, False
+        log.warning("line %d: source has %d subwords, more than the %d the model accepts; "
+                    "truncated", line, a.size, self.max_source_len)
+        return a[:self.max_source_len], True
 
     def _constraints(self, batch: list[int], prefixes: Sequence[Sequence[int]] | None):
         """The tree constraints, or the batch's forced prefixes (not both)."""

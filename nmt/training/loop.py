@@ -26,7 +26,7 @@ from nmt.errors import NmtError, UsageError
 from nmt.search.config import SearchConfig
 from nmt.training.average import average_to_file
 from nmt.training.config import TrainConfig
-from nmt.training.curves import JsonlLog, TensorBoardLog, plot_curves
+from nmt.training.curves import DECODING_METRICS, JsonlLog, TensorBoardLog, plot_curves
 from nmt.training.distributed import (DistInfo, all_gather_object, barrier, collective_failure,
                                       env_dist_info, init_distributed, pick_device,
                                       shutdown_distributed)
@@ -297,7 +297,7 @@ class Run:
             rec = {**rec, **({"checkpoint": name} if name else {}), **stats}
             self.jsonl.write(rec)
             self.tensorboard.write(rec)
-            extra = "".join(f" | {k} {stats[k]:.2f}" for k in ("bleu", "chrf", "bracket_f1")
+            extra = "".join(f" | {k} {stats[k]:.2f}" for k in DECODING_METRICS
                             if k in stats)
             log.info("%s | update %d | loss %.4f | nll %.4f | ppl %.2f%s",
                      name or "valid", self.trainer.num_updates, stats["loss"], stats["nll_loss"], stats["ppl"],
