@@ -78,6 +78,16 @@ def test_forced_prefixes_from_jsonl(ckpt, tmp_path):
     assert gen(ckpt, stdin="w4 w5\n").stdout.splitlines() == [out[1]]
 
 
+def test_sampling_keeps_forced_prefixes(ckpt, tmp_path):
+    src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1 w2 w3", "prefix": "w7 w8"}),
+                                        json.dumps({"source": "w4"})])
+    out = gen(ckpt, "-i", src, "--input-format", "jsonl", "--sampling", "--nbest", 3,
+              "--seed", 2).stdout.splitlines()
+    assert len(out) == 6
+    for sample in out[:3]:
+        assert sample.split()[:2] == ["w7", "w8"], out
+
+
 @pytest.mark.parametrize("line,needle", [
     ('{"source": 3}', '"source" must be a string, got a number'),
     ('{"source": "w1", "prefix": ["w2"]}', '"prefix" must be a string, got a list'),

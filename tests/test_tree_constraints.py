@@ -329,6 +329,26 @@ def test_nmt_generate_constrains_parsing_checkpoints_by_default(tmp_path):
     assert forced.splitlines() == out
 
 
+def test_samples_of_a_parsing_checkpoint_are_trees_too(tmp_path):
+    """--sampling draws under the same tree constraints as beam search."""
+    ckpt = parsing_checkpoint(tmp_path / "parse.pt")
+    lines, src = random_sentences(tmp_path)
+    out = generate(ckpt, "-i", src, "--sampling", "--nbest", 2, "--seed", 3).stdout.splitlines()
+    assert len(out) == 2 * len(lines)
+    for i, seq in enumerate(out):
+        stats: Counter = Counter()
+        delinearize(seq, lines[i // 2].split(), stats=stats)
+        assert not +stats, (lines[i // 2], seq, stats)
+    free = generate(ckpt, "-i", src, "--sampling", "--nbest", 2, "--seed", 3,
+                    "--no-tree-constraints").stdout.splitlines()
+    n_repaired = 0
+    for i, seq in enumerate(free):
+        stats = Counter()
+        delinearize(seq, lines[i // 2].split(), stats=stats)
+        n_repaired += bool(+stats)
+    assert n_repaired > 0                     # without them the untrained model's samples break
+
+
 def test_nmt_generate_leaves_translation_checkpoints_alone(tmp_path):
     ckpt = make_checkpoint(tmp_path / "mt.pt")
     src = tmp_path / "in.txt"

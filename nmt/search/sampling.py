@@ -63,9 +63,11 @@ def filter_distribution(probs: Tensor, cfg: SamplingConfig) -> Tensor:
 
 @torch.inference_mode()
 def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
-           lines: Sequence[int]) -> list[list[Hypothesis]]:
+           lines: Sequence[int], constraints=None) -> list[list[Hypothesis]]:
     """``search.nbest`` samples for each sentence of ``src_tokens`` [B, S] (right-padded,
-    eos-terminated); ``lines[b]`` is sentence b's line number (part of its seed)."""
+    eos-terminated); ``lines[b]`` is sentence b's line number (part of its seed).
+    ``constraints``: as beam search's (tree constraints, forced prefixes), applied to every
+    sample row before it draws."""
     n, bsz = search.nbest, src_tokens.size(0)
     src_lengths = src_tokens.ne(PAD).sum(1) - 1
     max_len = max_lengths(src_lengths, search, model.max_positions)         # [B]
@@ -73,6 +75,7 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     rngs = [np.random.Generator(np.random.PCG64([cfg.seed, int(line), j]))
             for line in lines for j in range(n)]
     state = model.init_state(model.encode(src_tokens), group=n)
+    cstate = None if constraints is None else constraints.start(src_tokens, n, max_len)
     prev = torch.full((rows, 1), BOS, dtype=torch.long, device=src_tokens.device)
     out: list[list[int]] = [[] for _ in range(rows)]
     logp: list[list[float]] = [[] for _ in range(rows)]
@@ -80,7 +83,7 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     for step in range(int(max_len.max()) + 1):
         probs, state = model.step(prev, state)                      # [R, V]
         # What beam search may not emit either: pad, bos, anything but eos at the length limit.
-        restrict_step(probs, step, max_len, n, None)
+        restrict_step(probs, step, max_len, n, cstate)
         q = filter_distribution(probs, cfg)
         cdf = q.cumsum(1)
         u = torch.tensor([r.random() for r in rngs], dtype=cdf.dtype, device=cdf.device)
@@ -96,6 +99,8 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
         if bool(done.all()):
             break
         prev = tok.unsqueeze(1)
+        if cstate is not None:
+            cstate = cstate.advance(torch.arange(rows, device=tok.device), tok)
     hyps = [Hypothesis(toks, sum(ls) / float(length_penalty(len(toks), search.lenpen)), ls)
             for toks, ls in zip(out, logp)]
     return [hyps[b * n:(b + 1) * n] for b in range(bsz)]

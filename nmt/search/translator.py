@@ -209,14 +209,14 @@ class Translator:
             progress(len(empty))
         for batch in self._batches(arrays):
             src = self._collate([arrays[i] for i in batch])
+            constraints = self._constraints(batch, prefixes)
             if self.sampling is not None:
                 from nmt.search.sampling import sample
 
                 hyps = sample(self.ensemble, src, self.search, self.sampling,
-                              [first_line + i for i in batch])
+                              [first_line + i for i in batch], constraints=constraints)
             else:
-                hyps = beam_search(self.ensemble, src, self.search,
-                                   constraints=self._constraints(batch, prefixes))
+                hyps = beam_search(self.ensemble, src, self.search, constraints=constraints)
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
