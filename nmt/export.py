@@ -45,12 +45,11 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError, UsageError
-from nmt.io import check_readable, install_directory
+from nmt.io import check_readable, install_directory, temporary_directory_beside
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.export")
@@ -103,11 +102,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
                        ) from None
     info = export_info(ckpt, model, src_codec, tgt_codec, quantization, ct2.__version__,
                        None if isinstance(checkpoint, dict) else str(checkpoint))
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    except OSError as e:
-        raise NmtError(f"{dest}: cannot create the model directory ({e.strerror or e})") from None
+    tmp = temporary_directory_beside(dest, "model directory")
     try:
         spec.save(str(tmp))
         for side, codec in (("source", src_codec), ("target", tgt_codec)):

@@ -98,6 +98,18 @@ def check_readable(path: str | os.PathLike, what: str = "file", *,
     return p
 
 
+def temporary_directory_beside(dest: Path, what: str) -> Path:
+    """A new private directory in ``dest``'s parent (created if needed), where ``what`` (e.g.
+    "data directory") is built before :func:`install_directory` renames it to ``dest``."""
+    import tempfile
+
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot create the {what} ({e.strerror or e})") from None
+
+
 def install_directory(tmp: Path, dest: Path, what: str, fsync_files: bool = False) -> None:
     """Rename the finished temporary directory ``tmp`` to ``dest``, replacing an old one so
     that ``dest`` is never half-replaced (the old one is moved aside first). mkdtemp/mkstemp

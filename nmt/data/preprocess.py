@@ -20,7 +20,6 @@ import math
 import os
 import random
 import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,7 +38,8 @@ from nmt.data.rebuild import built_from, difference, existing_build
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
-from nmt.io import _decode_line, check_readable, install_directory
+from nmt.io import (_decode_line, check_readable, install_directory,
+                    temporary_directory_beside)
 from nmt.options import option
 
 log = logging.getLogger("nmt.data.preprocess")
@@ -222,12 +222,7 @@ def _prepare_destination(cfg: PreprocessConfig, record: dict[str, Any]) -> tuple
             raise NmtError(f"{dest}: exists and is not empty" + (
                 f", and is not this build ({why})" if why else "") +
                 " (use --overwrite to replace it)")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    except OSError as e:
-        raise NmtError(f"{dest}: cannot create the data directory ({e.strerror or e})") from None
-    return dest, tmp
+    return dest, temporary_directory_beside(dest, "data directory")
 
 
 # --- reading -------------------------------------------------------------------------------------
