@@ -124,3 +124,32 @@ def test_valid_bleu_with_learned_positions_and_long_sentences(tmp_path):
     rec = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     valid = [r for r in rec if r["kind"] == "valid"]
     assert len(valid) == 2 and all(r["decoded_sentences"] == 8 for r in valid)
+
+
+def test_validate_after_updates_skips_early_validations_but_not_the_last(tmp_path, monkeypatch):
+    scripted_validation(monkeypatch, [3.0, 2.0, 1.0])
+    train(run_cfg(tmp_path, max_update=5, save_interval_updates=2, validate_after_updates=4),
+          FakeData(n_train=40), "fake")
+    log = [json.loads(line) for line in open(tmp_path / "train_log.jsonl")]
+    # saves at 2, 4 and 5 (the end): 2 is before update 4, so only 4 and 5 are validated
+    assert [r["update"] for r in log if r["kind"] == "valid"] == [4, 5]
+    assert load_checkpoint(tmp_path / "checkpoint_2.pt")["progress"]["update"] == 2
+
+
+def test_validate_after_updates_must_not_be_negative(tmp_path):
+    from nmt.errors import UsageError
+    with pytest.raises(UsageError, match="--validate-after-updates must be >= 0"):
+        run_cfg(tmp_path, max_update=5, validate_after_updates=-1).check()
+
+
+def test_final_line_says_when_the_printed_average_is_not_the_best(tmp_path, monkeypatch, caplog):
+    scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
+    monkeypatch.setattr(Run, "_score_checkpoint", lambda self, path: 27.0)
+    with caplog.at_level("INFO", logger="nmt"):
+        out = train(run_cfg(tmp_path, max_update=6, best_checkpoint_metric="bleu",
+                            average_best=2), FakeData(n_train=40), "fake")
+    assert out.name == "checkpoint_avg_best2.pt"
+    final = [r.getMessage() for r in caplog.records if "best on validation" in r.getMessage()]
+    assert len(final) == 1
+    assert "best on validation: checkpoint_best.pt" in final[0]
+    assert "printed: the average checkpoint_avg_best2.pt" in final[0]

@@ -102,6 +102,11 @@ class TrainConfig:
     # --- validation ----------------------------------------------------------------------------
     validate_interval_updates: int | None = option(None, "Validate every N updates [default: "
                                                    "at every save].")
+    validate_after_updates: int = option(0, "Validate only from update N on; saves before it "
+                                         "are not validated (an untrained model decodes every "
+                                         "sentence to the length limit, which makes early "
+                                         "decoding validations slow). The last save of a run "
+                                         "is always validated.")
     valid_subset: str = option("valid", "Split used for validation.")
     valid_bleu: bool = option(False, "Also report BLEU and chrF of the decoded validation split "
                               "at each validation (implied by --best-checkpoint-metric "
@@ -148,7 +153,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
         for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
-                     "average_last", "average_best", "patience"):
+                     "average_last", "average_best", "patience", "validate_after_updates"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
         if self.max_time < 0 or self.save_interval_minutes < 0 or self.clip_norm < 0:

@@ -468,7 +468,11 @@ class Run:
             for cand in scored[1:]:
                 if not sel.at_least_as_good(top[0], cand[0]):
                     top = cand
-            parts.append(f"best of these: {top[1].name}")
+            parts.append(f"best on validation: {top[1].name}")
+            if averaged and top[1].name != final.name:
+                parts.append(f"printed: the average {final.name}, as --average-last/"
+                             f"--average-best ask (use {top[1].name} for the best "
+                             f"validation score)")
         why = "stopped early (--patience)" if self.stopped_early else "finished"
         log.info("%s; %s; use %s", why, "; ".join(parts) or "no validation", final)
 

@@ -67,8 +67,9 @@ class Policy:
         save = by_updates or signals.save_now or by_epoch or stop
         # Stopping on a signal: save at once, no validation (a scheduler's grace period
         # before SIGKILL is short).
-        validate = not signals.interrupted and (save or bool(
-            self.valid_every and not skipped and update % self.valid_every == 0))
+        due = save or bool(self.valid_every and not skipped and update % self.valid_every == 0)
+        early = update < (cfg.validate_after_updates or 0) and not stop
+        validate = not signals.interrupted and due and not early
         return Decision(validate=validate, save=save, stop=stop)
 
     def saved(self) -> None:
