@@ -9,6 +9,7 @@ import nmt
 from nmt.config import ModelConfig, apply_overrides, parse_overrides
 from nmt.errors import UsageError
 from nmt.models.layers import sinusoid_table
+from nmt.models.state import SelfAttentionCache
 from nmt.models.transformer import BOS, EOS, PAD, count_parameters, parameter_count
 
 V = 40
@@ -234,3 +235,38 @@ def test_config_round_trip():
     cfg = nmt.get_arch("transformer_big", {"dropout": 0.1})
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     assert apply_overrides(cfg, {}) == cfg
+
+
+def test_a_consumed_decoder_state_cannot_be_reused():
+    """decode/reorder reuse the cache's buffers: the state passed in is stale afterwards."""
+    model = nmt.build_model("transformer_tiny", V, V).eval()
+    src, tgt = batch(b=2)
+    state = model.init_state(model.encode(src))
+    _, after = model.decode(tgt[:, :1], state)
+    with pytest.raises(RuntimeError, match="already passed to decode"):
+        model.decode(tgt[:, :1], state)
+    after.reorder(torch.tensor([1, 0]))
+    with pytest.raises(RuntimeError, match="already passed to decode"):
+        after.select_sentences(torch.tensor([0]))
+
+
+@torch.inference_mode()
+def test_cache_grows_past_its_initial_capacity_and_keeps_earlier_positions():
+    torch.manual_seed(0)
+    model = nmt.build_model("transformer_tiny", V, V).eval()
+    src, tgt = batch(b=3, t=5)
+    steps = 2 * SelfAttentionCache.INITIAL_CAPACITY + 3
+    tgt = torch.randint(4, V, (3, steps))
+    full = model(src, tgt)
+    state = model.init_state(model.encode(src), group=1)
+    out = []
+    for t in range(steps):
+        if t == 7:      # drop a sentence on the way: fewer rows, same positions
+            state = state.select_sentences(torch.tensor([0, 2]))
+            full = full[[0, 2]]
+            tgt = tgt[[0, 2]]
+            out = [o[[0, 2]] for o in out]
+        logits, state = model.decode(tgt[:, t:t + 1], state)
+        out.append(logits)
+    assert state.cache.capacity >= steps
+    assert torch.allclose(torch.cat(out, 1), full, atol=1e-5)

@@ -102,6 +102,18 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.in_proj(x).split([qk, qk, self.heads * self.d_v], dim=-1)
         return self._split(q, self.d_k), self._split(k, self.d_k), self._split(v, self.d_v)
 
+    def project_q_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Self-attention projections of x [N, L, D] for a cache: q [N, H, L, dk] and the keys
+        and values side by side, unsplit, [N, L, H*dk + H*dv] (nmt.models.state)."""
+        qk = self.heads * self.d_k
+        proj = self.in_proj(x)
+        return self._split(proj[..., :qk], self.d_k), proj[..., qk:]
+
+    def heads_of(self, x: Tensor, dim: int) -> Tensor:
+        """Time-major [L, N, H*dim] (a cache view) -> [N, H, L, dim], a view."""
+        length, n, _ = x.shape
+        return x.view(length, n, self.heads, dim).permute(1, 2, 0, 3)
+
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder-decoder keys and values of memory [B, S, D] -> [B, H, S, dk], [B, H, S, dv]."""
         k, v = self.kv_proj(memory).split([self.heads * self.d_k, self.heads * self.d_v], dim=-1)

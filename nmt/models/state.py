@@ -4,6 +4,14 @@ Nothing is hidden on the modules: ``model.decode`` takes a state and returns a n
 Rows are sentence-major: with ``group`` = beam size, decoder row ``b * group + k`` is beam ``k``
 of sentence ``b``. Encoder-decoder keys/values are stored once per sentence and shared by its
 ``group`` rows; self-attention keys/values are stored per row and grow by one step per call.
+
+The self-attention keys and values live in one preallocated, time-major buffer
+(:class:`SelfAttentionCache`): a step writes its new position in place instead of
+concatenating (a copy of the whole cache per layer per step), and a beam reordering is one
+``index_select`` of the filled prefix, for every layer at once, into a second buffer. A state
+is therefore *consumed* by ``decode``, ``reorder``, ``select_sentences`` and ``expand``: they
+reuse its buffers, and using the old state afterwards raises an error instead of reading
+overwritten keys.
 """
 
 from __future__ import annotations
@@ -29,37 +37,143 @@ class EncoderOut:
         return EncoderOut(self.out.index_select(0, index), self.pad_mask.index_select(0, index))
 
 
+class SelfAttentionCache:
+    """Keys and values of every decoder layer's self-attention for the positions decoded so far.
+
+    ``data`` [capacity, layers, rows, width_k + width_v] is time-major, so that the filled
+    positions ``data[:length]`` are one contiguous block: a reordering writes them with a single
+    ``index_select`` into the spare buffer, and a new position is written in place. Both buffers
+    are flat storages viewed with the current number of rows, so dropping rows leaves room for
+    more positions; the capacity doubles when a step needs more.
+    """
+
+    INITIAL_CAPACITY = 16
+
+    def __init__(self, layers: int, rows: int, width_k: int, width_v: int):
+        self.layers, self.rows, self.width_k, self.width = layers, rows, width_k, width_k + width_v
+        self.length = 0
+        self.version = 0
+        self._store: Tensor | None = None      # flat; allocated at the first write
+        self._spare: Tensor | None = None
+
+    def _view(self, store: Tensor, rows: int) -> Tensor:
+        per_position = self.layers * rows * self.width
+        cap = store.numel() // per_position
+        return store[:cap * per_position].view(cap, self.layers, rows, self.width)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._store is None else self._view(self._store, self.rows).size(0)
+
+    def reserve(self, t: int, like: Tensor) -> None:
+        """Room for ``t`` more positions (dtype and device of ``like`` at the first call)."""
+        need = self.length + t
+        if need <= self.capacity:
+            return
+        cap = max(need, 2 * self.capacity, self.INITIAL_CAPACITY)
+        store = like.new_empty(cap * self.layers * self.rows * self.width)
+        if self._store is not None and self.length:
+            self._view(store, self.rows)[:self.length].copy_(self.data[:self.length])
+        self._store = store
+
+    @property
+    def data(self) -> Tensor:
+        assert self._store is not None, "empty cache"
+        return self._view(self._store, self.rows)
+
+    def write(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the keys|values ``kv`` [rows, t, width_k + width_v] of ``t`` new positions of
+        ``layer``; return the keys [length + t, rows, width_k] and values [length + t, rows,
+        width_v] of all positions, time-major views of the cache. Layer 0 writes first: it
+        makes room (in the dtype of ``kv`` at the first call)."""
+        t = kv.size(1)
+        if layer == 0:
+            self.reserve(t, like=kv)
+        data = self.data
+        data[self.length:self.length + t, layer].copy_(kv.transpose(0, 1))
+        full = data[:self.length + t, layer]
+        return full[..., :self.width_k], full[..., self.width_k:]
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def select_rows(self, index: Tensor) -> None:
+        """Keep rows ``index`` [rows'] (any order, repeats allowed), in place."""
+        rows = index.numel()
+        per_position = self.layers * rows * self.width
+        if self._store is None:
+            self.rows = rows
+            return
+        if self._spare is None or self._spare.numel() < self.length * per_position:
+            self._spare = self._store.new_empty(max(self.length, 1) * per_position)
+        out = self._view(self._spare, rows)[:self.length]
+        src = self.data[:self.length]
+        if src.requires_grad:           # decoding under autograd: out= is not differentiable
+            out.copy_(src.index_select(2, index))
+        else:
+            torch.index_select(src, 2, index, out=out)
+        self._store, self._spare, self.rows = self._spare, self._store, rows
+
+
 @dataclass
 class DecoderState:
-    self_k: list[Tensor]       # per layer [B*group, H, t, dk]: keys of the t steps decoded so far
-    self_v: list[Tensor]       # per layer [B*group, H, t, dv]
-    cross_k: list[Tensor]      # per layer [B, H, S, dk]: computed once from the encoder output
-    cross_v: list[Tensor]      # per layer [B, H, S, dv]
+    cache: SelfAttentionCache   # self-attention keys/values of the steps decoded so far
+    cross_k: list[Tensor]       # per layer [B, H, S, dk]: computed once from the encoder output
+    cross_v: list[Tensor]       # per layer [B, H, S, dv]
     memory_mask: Tensor | None  # [B, 1, 1, S] bool, True = attend; None when nothing is padded
-    group: int                 # decoder rows per sentence (beam size)
-    step: int                  # number of target positions already in the cache
+    group: int                  # decoder rows per sentence (beam size)
+    step: int                   # number of target positions already in the cache
+    version: int = 0            # the cache's version when this state was made
 
     @property
     def num_rows(self) -> int:
-        return self.self_k[0].size(0) if self.self_k else 0
+        return self.cache.rows
+
+    def take(self) -> SelfAttentionCache:
+        """The cache, for an operation that changes it: this state becomes stale."""
+        if self.cache.version != self.version:
+            raise RuntimeError("this DecoderState was already passed to decode, reorder, "
+                               "select_sentences or expand, which reuse its buffers: use the "
+                               "state they returned")
+        self.cache.version += 1
+        return self.cache
+
+    def _with(self, cache: SelfAttentionCache, **changes) -> "DecoderState":
+        fields = dict(cross_k=self.cross_k, cross_v=self.cross_v, memory_mask=self.memory_mask,
+                      group=self.group, step=self.step)
+        fields.update(changes)
+        return DecoderState(cache=cache, version=cache.version, **fields)
+
+    def advanced(self, cache: SelfAttentionCache, t: int) -> "DecoderState":
+        """The state after ``decode`` wrote ``t`` new positions into ``cache``."""
+        cache.advance(t)
+        return self._with(cache, step=self.step + t)
 
     def reorder(self, index: Tensor) -> "DecoderState":
         """Select decoder rows (beam reordering). ``index`` [B*group] must map each sentence's
         rows to rows of the same sentence, since encoder keys/values are shared per sentence."""
-        return DecoderState(
-            self_k=[k.index_select(0, index) for k in self.self_k],
-            self_v=[v.index_select(0, index) for v in self.self_v],
-            cross_k=self.cross_k, cross_v=self.cross_v, memory_mask=self.memory_mask,
-            group=self.group, step=self.step)
+        cache = self.take()
+        cache.select_rows(index)
+        return self._with(cache)
 
     def select_sentences(self, keep: Tensor) -> "DecoderState":
         """Keep only sentences ``keep`` [B'] (e.g. drop finished ones), with all their rows."""
         g = self.group
         rows = (keep.unsqueeze(1) * g + torch.arange(g, device=keep.device)).reshape(-1)
         mask = None if self.memory_mask is None else self.memory_mask.index_select(0, keep)
-        return DecoderState(
-            self_k=[k.index_select(0, rows) for k in self.self_k],
-            self_v=[v.index_select(0, rows) for v in self.self_v],
-            cross_k=[k.index_select(0, keep) for k in self.cross_k],
-            cross_v=[v.index_select(0, keep) for v in self.cross_v],
-            memory_mask=mask, group=g, step=self.step)
+        cache = self.take()
+        cache.select_rows(rows)
+        return self._with(cache, cross_k=[k.index_select(0, keep) for k in self.cross_k],
+                          cross_v=[v.index_select(0, keep) for v in self.cross_v],
+                          memory_mask=mask)
+
+    def expand(self, group: int) -> "DecoderState":
+        """From one row per sentence to ``group`` copies of it (beam search decodes its first
+        step once per sentence: every beam starts from the same bos)."""
+        if self.group != 1:
+            raise ValueError(f"expand needs one row per sentence, not {self.group}")
+        n = self.cache.rows
+        cache = self.take()
+        cache.select_rows(torch.arange(n, device=self.cross_k[0].device if self.cross_k
+                                       else None).repeat_interleave(group))
+        return self._with(cache, group=group)

@@ -16,7 +16,7 @@ from nmt.config import ModelConfig
 from nmt.errors import UsageError
 from nmt.models.layers import (FeedForward, LearnedPositions, MultiHeadAttention, Residual,
                                SinusoidalPositions, embedding_scale)
-from nmt.models.state import DecoderState, EncoderOut
+from nmt.models.state import DecoderState, EncoderOut, SelfAttentionCache
 
 from nmt.specials import BOS, EOS, PAD, UNK  # noqa: F401 (re-exported)
 
@@ -51,38 +51,42 @@ class DecoderLayer(nn.Module):
         self.res2 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
         self.res3 = Residual(d, cfg.dropout, cfg.pre_norm, cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, self_k: Tensor | None, self_v: Tensor | None,
+    def forward(self, x: Tensor, cache: SelfAttentionCache | None, layer: int,
                 cross_k: Tensor, cross_v: Tensor, memory_mask: Tensor | None,
-                step: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
+                group: int) -> Tensor:
         """One decoder layer over t new positions.
 
-        x [N, t, D] for the new positions; self_k/self_v [N, H, step, dk/dv] cached keys/values
-        of earlier positions (None on a full, non-incremental pass); cross_k/cross_v
-        [N/group, H, S, dk/dv]. Returns the output and the self-attention keys/values of all
-        step + t positions, to be cached.
+        x [N, t, D] for the new positions; ``cache`` holds the self-attention keys/values of
+        the earlier positions (this layer's are number ``layer``) and receives the new ones;
+        None on a full, non-incremental pass. cross_k/cross_v [N/group, H, S, dk/dv].
         """
         t = x.size(1)
-        q, k, v = self.self_attn.project_qkv(self.res1.before(x))
-        if self_k is not None and self_k.size(2) > 0:
-            k = torch.cat([self_k, k], dim=2)
-            v = torch.cat([self_v, v], dim=2)
+        attn = self.self_attn
+        h = self.res1.before(x)
+        if cache is None:
+            q, k, v = attn.project_qkv(h)
+            step = 0
+        else:
+            step = cache.length
+            q, kv = attn.project_q_kv(h)
+            k_all, v_all = cache.write(layer, kv)
+            k, v = attn.heads_of(k_all, attn.d_k), attn.heads_of(v_all, attn.d_v)
         if step == 0:
             # Queries and keys cover the same positions: the plain causal mask.
-            y = self.self_attn.attend(q, k, v, causal=t > 1)
+            y = attn.attend(q, k, v, causal=t > 1)
         elif t == 1:
             # One new position may see every cached one: no mask at all.
-            y = self.self_attn.attend(q, k, v)
+            y = attn.attend(q, k, v)
         else:
             # t new positions after `step` cached ones: query i sees keys 0 .. step + i.
             allowed = torch.ones(t, step + t, dtype=torch.bool, device=x.device).tril(step)
-            y = self.self_attn.attend(q, k, v, mask=allowed)
+            y = attn.attend(q, k, v, mask=allowed)
         x = self.res1.after(x, y)
 
         qc = self.cross_attn.project_q(self.res2.before(x))
         x = self.res2.after(x, self.cross_attn.attend(qc, cross_k, cross_v, memory_mask,
                                                       group=group))
-        x = self.res3.after(x, self.ffn(self.res3.before(x)))
-        return x, k, v
+        return self.res3.after(x, self.ffn(self.res3.before(x)))
 
 
 class Transformer(nn.Module):
@@ -161,12 +165,10 @@ class Transformer(nn.Module):
             k, v = layer.cross_attn.project_kv(enc.out)                # [B, H, S, dk/dv]
             cross_k.append(k)
             cross_v.append(v)
-        rows = enc.out.size(0) * group
-        empty = [enc.out.new_zeros(rows, self.cfg.heads, 0, self.cfg.head_dim_k)
-                 for _ in self.decoder_layers]
-        empty_v = [enc.out.new_zeros(rows, self.cfg.heads, 0, self.cfg.head_dim_v)
-                   for _ in self.decoder_layers]
-        return DecoderState(self_k=empty, self_v=empty_v, cross_k=cross_k, cross_v=cross_v,
+        cfg = self.cfg
+        cache = SelfAttentionCache(len(self.decoder_layers), enc.out.size(0) * group,
+                                   cfg.heads * cfg.head_dim_k, cfg.heads * cfg.head_dim_v)
+        return DecoderState(cache=cache, cross_k=cross_k, cross_v=cross_v,
                             memory_mask=enc.attn_mask(), group=group, step=0)
 
     def decode(self, prev_tokens: Tensor, state: DecoderState,
@@ -176,17 +178,13 @@ class Transformer(nn.Module):
         Returns logits [N, t, V] for the t new positions and the state extended by t steps.
         """
         x = self._embed(prev_tokens, self.tgt_embed, self.tgt_pos, offset=state.step)
-        new_k, new_v = [], []
+        cache = state.take()
         for i, layer in enumerate(self.decoder_layers):
-            x, k, v = layer(x, state.self_k[i], state.self_v[i], state.cross_k[i],
-                            state.cross_v[i], state.memory_mask, state.step, state.group)
-            new_k.append(k)
-            new_v.append(v)
+            x = layer(x, cache, i, state.cross_k[i], state.cross_v[i], state.memory_mask,
+                      state.group)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        new_state = DecoderState(self_k=new_k, self_v=new_v, cross_k=state.cross_k,
-                                 cross_v=state.cross_v, memory_mask=state.memory_mask,
-                                 group=state.group, step=state.step + prev_tokens.size(1))
+        new_state = state.advanced(cache, prev_tokens.size(1))
         out = x if return_hidden else self.output_projection(x)
         return out, new_state
 
@@ -206,7 +204,7 @@ class Transformer(nn.Module):
         mask = enc.attn_mask()
         for layer in self.decoder_layers:
             cross_k, cross_v = layer.cross_attn.project_kv(enc.out)
-            x, _, _ = layer(x, None, None, cross_k, cross_v, mask, step=0, group=1)
+            x = layer(x, None, 0, cross_k, cross_v, mask, group=1)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return x if return_hidden else self.output_projection(x)
