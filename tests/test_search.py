@@ -42,6 +42,10 @@ class ScriptedState:
         return ScriptedState([self.keys[b] for b in keep],
                              [self.prefixes[b * g + j] for b in keep for j in range(g)], g)
 
+    def expand(self, group):
+        assert self.group == 1
+        return ScriptedState(self.keys, [p for p in self.prefixes for _ in range(group)], group)
+
 
 class ScriptedModel:
     """Next-token probabilities = dist(key, prefix), key = the first source token."""
@@ -255,7 +259,8 @@ def test_finished_sentences_leave_the_batch():
     src = torch.tensor([[11, EOS], [10, EOS]])
     beam_search(EnsembleModel([Counting(table_dist(TREE))]), src,
                 SearchConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=10))
-    assert seen[0] == 4 and seen[-1] == 2
+    # the first step decodes one row per sentence, then each sentence has its 2 beams
+    assert seen[:2] == [2, 4] and seen[-1] == 2
 
 
 # --- the real model -----------------------------------------------------------------------------
@@ -321,6 +326,10 @@ class UncachedState:
         g = self.group
         rows = (keep.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
         return UncachedState(self.enc.select(keep), self.prefix.index_select(0, rows), g)
+
+    def expand(self, group):
+        assert self.group == 1
+        return UncachedState(self.enc, self.prefix.repeat_interleave(group, 0), group)
 
 
 class Wrapped:

@@ -29,10 +29,14 @@ class EnsembleState:
     def select_sentences(self, keep: Tensor) -> "EnsembleState":
         return EnsembleState([s.select_sentences(keep) for s in self.states])
 
+    def expand(self, group: int) -> "EnsembleState":
+        return EnsembleState([s.expand(group) for s in self.states])
+
 
 class EnsembleModel:
     """Wraps models exposing ``encode(src)``, ``init_state(enc, group)``, ``decode(prev, state)``
-    (nmt.models.Transformer, or a scripted model in tests)."""
+    (nmt.models.Transformer, or a scripted model in tests), whose states have ``reorder``,
+    ``select_sentences`` and ``expand`` (nmt.models.state.DecoderState)."""
 
     def __init__(self, models: Sequence[Any]):
         if not models:

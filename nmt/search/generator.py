@@ -11,6 +11,9 @@ sentences still running:
 4. finished sentences leave the batch (``state.select_sentences``), the others reorder their
    cache rows (``state.reorder``).
 
+The first step runs once per sentence (all its beams start from bos alone) and
+``state.expand(beam)`` then copies that row to the sentence's ``beam`` rows.
+
 When is a sentence done? As soon as one of these holds:
 
 - it has ``beam`` finished hypotheses (fairseq's rule; with beam 1 this makes beam search
@@ -90,7 +93,9 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
     n_steps = int(max_len.max()) + 1
 
-    state = model.init_state(model.encode(src_tokens), group=k)
+    # Every beam of a sentence starts from the same bos: the first step decodes one row per
+    # sentence, then ``expand`` gives each sentence its k rows.
+    state = model.init_state(model.encode(src_tokens), group=1)
     cstate = None if constraints is None else constraints.start(src_tokens, k, max_len)
     # Per running sentence (N of them; sentence-major rows):
     sent = torch.arange(bsz, device=device)                         # [N] index in the batch
@@ -105,7 +110,11 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
 
     for step in range(n_steps):
         n = sent.numel()
-        probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
+        if step == 0:
+            probs, state = model.step(tokens[::k, :1], state)         # [N, V]
+            probs, state = probs.repeat_interleave(k, dim=0), state.expand(k)
+        else:
+            probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
         vocab = probs.size(1)
         _restrict(probs, step, max_len, k, cstate)
 
