@@ -130,6 +130,31 @@ def disable_fast_path(venv_py: Path, deadline: float) -> int:
     return n
 
 
+def refuse_cuda_torch(pip: list, work: Path, torch_version: str, index: list[str],
+                      deadline: float, allow_cuda_torch: bool, index_option: str) -> None:
+    """Resolve torch==``torch_version`` with pip --dry-run; Skip when that would install a CUDA
+    build (nvidia-* wheels, several GB) and ``allow_cuda_torch`` is not given."""
+    report = work / "torch-plan.json"
+    _run(pip + ["install", "--dry-run", "--ignore-installed", "-q", "--report", report,
+                f"torch=={torch_version}", *index], deadline, f"resolving torch {torch_version}")
+    plan = json.loads(report.read_text())["install"]
+    cuda = sorted(p["metadata"]["name"] for p in plan
+                  if p["metadata"]["name"].lower().startswith("nvidia-"))
+    if cuda and not allow_cuda_torch:
+        raise Skip(f"only a CUDA build of torch {torch_version} is reachable (it pulls "
+                   f"{len(cuda)} nvidia-* packages, several GB: {', '.join(cuda[:3])}, ...); "
+                   f"give {index_option} URL of a CPU build, or --allow-cuda-torch")
+
+
+def install_only(setup) -> dict:
+    """--setup-only: run ``setup`` (which returns the venv's python) and say how it went."""
+    try:
+        return {"status": "installed", "python": str(setup())}
+    except Skip as e:
+        log(f"skipped: {e}")
+        return {"status": "skipped", "reason": str(e)}
+
+
 def setup_venv(work: Path, timeout: float, allow_cuda_torch: bool = False,
                torch_index: str | None = None) -> Path:
     """A venv with torch 2.5 and fairseq 0.12.2 under ``work``; returns its python."""
@@ -147,16 +172,8 @@ def setup_venv(work: Path, timeout: float, allow_cuda_torch: bool = False,
     # omegaconf 2.0.x (fairseq's hydra-core 1.0) has metadata that pip >= 24.1 refuses.
     _run(pip + ["install", "-q", "pip<24.1"], deadline, "pip install pip<24.1")
     index = ["--index-url", torch_index] if torch_index else []
-    report = work / "torch-plan.json"
-    _run(pip + ["install", "--dry-run", "--ignore-installed", "-q", "--report", report,
-                f"torch=={TORCH_VERSION}", *index], deadline, f"resolving torch {TORCH_VERSION}")
-    plan = json.loads(report.read_text())["install"]
-    cuda = sorted(p["metadata"]["name"] for p in plan
-                  if p["metadata"]["name"].lower().startswith("nvidia-"))
-    if cuda and not allow_cuda_torch:
-        raise Skip(f"only a CUDA build of torch {TORCH_VERSION} is reachable (it pulls "
-                   f"{len(cuda)} nvidia-* packages, several GB: {', '.join(cuda[:3])}, ...); "
-                   f"give --fairseq-torch-index URL of a CPU build, or --allow-cuda-torch")
+    refuse_cuda_torch(pip, work, TORCH_VERSION, index, deadline, allow_cuda_torch,
+                      "--fairseq-torch-index")
     log(f"installing torch {TORCH_VERSION}")
     _run(pip + ["install", "-q", f"torch=={TORCH_VERSION}", *index], deadline,
          f"pip install torch=={TORCH_VERSION}")
@@ -377,12 +394,8 @@ def main(argv=None) -> int:
     ap.add_argument("--setup-only", action="store_true", help="install, do not measure")
     a = ap.parse_args(argv)
     if a.setup_only:
-        try:
-            py = setup_venv(a.work, a.install_timeout, a.allow_cuda_torch, a.torch_index)
-            res = {"status": "installed", "python": str(py)}
-        except Skip as e:
-            log(f"skipped: {e}")
-            res = {"status": "skipped", "reason": str(e)}
+        res = install_only(lambda: setup_venv(a.work, a.install_timeout, a.allow_cuda_torch,
+                                              a.torch_index))
     else:
         if a.bin is None:
             ap.error("--bin is required unless --setup-only")

@@ -4,6 +4,7 @@ No timing assertions: only that every section is written, holds positive numbers
 text outside the harness's markers survives.
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -202,3 +203,27 @@ def test_cuda_defaults_and_sections_without_a_gpu():
     assert "bf16 rate of 8192x8192 torch.matmul timed with CUDA events" in out["gpu-train"]
     assert "GPU max allocated 20.50 GB" in out["gpu-memory"]
     assert "Not measured: the fairseq comparison is CPU only" in out["gpu-fairseq"]
+
+
+def test_bench_versions_compares_trees_side_by_side(tmp_path, ckpt):
+    """Two versions (here the same tree twice) decode the same input in turns; the output of
+    each is compared with the first's, and a version that is not a tree nor a revision is a
+    one-line error."""
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\nd e\nf\n", encoding="utf-8")
+    repo = str(Path(__file__).resolve().parent.parent)
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "benchmarks/bench_versions.py", str(ckpt), "--input", str(src),
+           "--versions", f"{repo},{repo}", "--rounds", "2", "--threads", "1", "--beam", "2",
+           "--work", str(tmp_path / "w"), "--json", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())
+    assert [len(r["walls"]) for r in rows] == [2, 2]
+    assert all(r["identical_to_first"] for r in rows)
+    assert "| version | median wall s | sentences/s | vs first |" in res.stdout
+    bad = subprocess.run(cmd[:5] + ["--versions", "no-such-rev-xyz", "--work",
+                                    str(tmp_path / "w")], capture_output=True, text=True,
+                         cwd=repo, timeout=120)
+    assert bad.returncode != 0 and "not a directory with an nmt package" in bad.stderr
+    assert "Traceback" not in bad.stderr

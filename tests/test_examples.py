@@ -367,10 +367,11 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     assert f"--validpref {work}/text/valid " in preprocess
     assert "--subword none --joined-dictionary --threshold 4" in preprocess
     assert "--vocab-size" not in preprocess
-    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 8000",
+    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 12000",
                 "--max-tokens 4096", "--best-checkpoint-metric bracket-f1", "--valid-beam 4",
-                "--valid-lenpen 0.3 --valid-max-len-a 1 --valid-max-len-b 300", "--patience 6",
-                "--average-best 5", "--max-time 100m", "--device cpu --threads 2",
+                "--valid-lenpen 0.3 --valid-max-len-a 1 --valid-max-len-b 300",
+                "--validate-after-updates 1000", "--patience 10",
+                "--average-best 5", "--max-time 105m", "--device cpu --threads 2",
                 f"> {work}/results/checkpoint.txt"]:
         assert opt in train, opt
     assert "torchrun" not in train

@@ -158,6 +158,12 @@ def test_fused_loss_matches_the_reference_and_its_gradient(eps):
     assert torch.allclose(z1.grad, z2.grad, rtol=1e-10, atol=1e-13)
     assert torch.autograd.gradcheck(lambda z: smoothed_cross_entropy(z, tgt, eps)[0],
                                     (z1.detach().requires_grad_(),))
+    # a second backward through the same graph gives the same gradient again
+    z3 = z1.detach().clone().requires_grad_(True)
+    l3, _ = smoothed_cross_entropy(z3, tgt, eps)
+    l3.backward(retain_graph=True)
+    l3.backward()
+    assert torch.allclose(z3.grad, 2 * z2.grad / 3, rtol=1e-10, atol=1e-13)
 
 
 def test_time_based_saving_and_stopping(tmp_path):
