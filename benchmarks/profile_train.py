@@ -27,6 +27,11 @@ rate on the FLOPs they really compute (padded lengths; the profiler's own count 
 FLOPs is printed as a check) against the measured matmul rate (what the shapes cost), the
 padding they compute, and the time outside them. A table gives each matmul shape's rate. FLOPs
 come from nmt/training/flops.py (x3 for forward + backward).
+
+Caveat, measured on a 2-core CPU: the profiler's overhead is not spread evenly. Nearly all of
+it landed on the loss's two [N, V] passes (log_softmax, exp), listed 3-4x slower than the same
+calls timed with plain timers in an unprofiled update; check a surprising op that way before
+acting on its share.
 """
 
 from __future__ import annotations
