@@ -71,7 +71,7 @@ def _nmt(args):
 
     torch.set_num_threads(args.threads)
     t = Translator.from_checkpoint(args.checkpoint, search=SearchConfig(beam=args.beam),
-                                   batch=BatchConfig(batch_size=64), device="cpu",
+                                   batch=BatchConfig(batch_size=args.batch_size), device="cpu",
                                    precision="fp32" if args.precision == "float32" else "int8")
     tokens = {}
 
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--hyp", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         args.engine = args.child

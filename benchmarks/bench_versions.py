@@ -6,8 +6,9 @@
 
 Each version (a git revision of this repository, checked out with ``git worktree`` under
 ``--work``, or a directory holding an ``nmt`` package) translates the same input with the same
-checkpoint in a child process of its own (``PYTHONPATH`` = that tree), through ``Translator``
-as ``nmt-generate`` does: a warm-up on 16 sentences, then one timed pass over the input. The
+checkpoint in a child process of its own (``PYTHONPATH`` = that tree): bench_ct2.py's nmt
+child, which decodes through ``Translator`` as ``nmt-generate`` does, a warm-up on 16
+sentences, then one timed pass over the input. The
 versions take turns, ``--rounds`` times, in an order that rotates every round, so a drift of
 the machine favours none; the table gives the median sentences/s of each, its ratio to the
 first version, and whether its output is identical to the first version's.
@@ -21,32 +22,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WARMUP = 16
-
-
-def child(args) -> None:
-    """Translate --input once after a warm-up; print {"wall": s} (the output goes to --hyp)."""
-    import torch
-
-    from nmt.search.config import BatchConfig, SearchConfig
-    from nmt.search.translator import Translator
-
-    torch.set_num_threads(args.threads)
-    lines = Path(args.input).read_text(encoding="utf-8").splitlines()
-    if args.limit:
-        lines = lines[:args.limit]
-    tr = Translator.from_checkpoint(args.checkpoint, search=SearchConfig(beam=args.beam),
-                                    batch=BatchConfig(batch_size=args.batch_size), device="cpu")
-    tr.translate(lines[:WARMUP])
-    t0 = time.perf_counter()
-    out = tr.translate(lines)
-    wall = time.perf_counter() - t0
-    Path(args.hyp).write_text("".join(h + "\n" for h in out), encoding="utf-8")
-    print(json.dumps({"wall": wall, "sentences": len(lines)}))
 
 
 def checkout(version: str, work: Path) -> Path:
@@ -65,29 +43,29 @@ def checkout(version: str, work: Path) -> Path:
     return tree
 
 
-def run_child(tree: Path, args, hyp: Path) -> dict:
+def run_child(tree: Path, args, hyp: Path) -> float:
+    """One timed pass of bench_ct2.py's nmt child with the nmt of ``tree``: wall seconds."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", args.checkpoint,
-           "--input", args.input, "--beam", str(args.beam), "--threads", str(args.threads),
-           "--batch-size", str(args.batch_size), "--limit", str(args.limit), "--hyp", str(hyp)]
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_ct2.py"), "--child",
+           "nmt", "--precision", "float32", "--beam", str(args.beam), "--threads",
+           str(args.threads), "--batch-size", str(args.batch_size), "--rounds", "1",
+           "--input", args.input, "--hyp", str(hyp), args.checkpoint]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode != 0:
         raise SystemExit(f"bench_versions.py: error: {tree} failed: "
                          f"{res.stderr.strip().splitlines()[-1:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])["walls"][0]
 
 
 def measure(args, trees: list[tuple[str, Path]]) -> list[dict]:
     walls: list[list[float]] = [[] for _ in trees]
     hyps = [Path(args.work) / f"hyp.{i}.txt" for i in range(len(trees))]
-    n = 0
+    n = sum(1 for _ in open(args.input, encoding="utf-8"))
     for r in range(args.rounds):
         turn = list(range(len(trees)))
         for i in turn[r % len(trees):] + turn[:r % len(trees)]:
-            got = run_child(trees[i][1], args, hyps[i])
-            walls[i].append(got["wall"])
-            n = got["sentences"]
-            print(f"round {r + 1}: {trees[i][0]}: {n / got['wall']:.1f} sentences/s",
+            walls[i].append(run_child(trees[i][1], args, hyps[i]))
+            print(f"round {r + 1}: {trees[i][0]}: {n / walls[i][-1]:.1f} sentences/s",
                   file=sys.stderr)
     base_text = hyps[0].read_text(encoding="utf-8")
     rows = []
@@ -125,17 +103,17 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=str(REPO / ".bench_versions"),
                     help="where worktrees and outputs go")
     ap.add_argument("--json")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--hyp", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        child(args)
-        return 0
     args.checkpoint = str(Path(args.checkpoint).resolve())
-    args.input = str(Path(args.input).resolve())
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     args.work = str(work)
+    args.input = str(Path(args.input).resolve())
+    if args.limit:
+        lines = Path(args.input).read_text(encoding="utf-8").splitlines(keepends=True)
+        limited = work / "input.txt"
+        limited.write_text("".join(lines[:args.limit]), encoding="utf-8")
+        args.input = str(limited)
     trees = [(v, checkout(v, work)) for v in args.versions.split(",") if v]
     rows = measure(args, trees)
     print(table(rows))

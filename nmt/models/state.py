@@ -63,7 +63,9 @@ class SelfAttentionCache:
 
     @property
     def capacity(self) -> int:
-        return 0 if self._store is None else self._view(self._store, self.rows).size(0)
+        if self._store is None:
+            return 0
+        return self._store.numel() // (self.layers * self.rows * self.width)
 
     def reserve(self, t: int, like: Tensor) -> None:
         """Room for ``t`` more positions (dtype and device of ``like`` at the first call)."""
@@ -75,6 +77,11 @@ class SelfAttentionCache:
         if self._store is not None and self.length:
             self._view(store, self.rows)[:self.length].copy_(self.data[:self.length])
         self._store = store
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where the buffers are (None before the first write)."""
+        return None if self._store is None else self._store.device
 
     @property
     def data(self) -> Tensor:
@@ -122,12 +129,16 @@ class DecoderState:
     cross_v: list[Tensor]       # per layer [B, H, S, dv]
     memory_mask: Tensor | None  # [B, 1, 1, S] bool, True = attend; None when nothing is padded
     group: int                  # decoder rows per sentence (beam size)
-    step: int                   # number of target positions already in the cache
     version: int = 0            # the cache's version when this state was made
 
     @property
     def num_rows(self) -> int:
         return self.cache.rows
+
+    @property
+    def step(self) -> int:
+        """Number of target positions already in the cache."""
+        return self.cache.length
 
     def take(self) -> SelfAttentionCache:
         """The cache, for an operation that changes it: this state becomes stale."""
@@ -140,14 +151,14 @@ class DecoderState:
 
     def _with(self, cache: SelfAttentionCache, **changes) -> "DecoderState":
         fields = dict(cross_k=self.cross_k, cross_v=self.cross_v, memory_mask=self.memory_mask,
-                      group=self.group, step=self.step)
+                      group=self.group)
         fields.update(changes)
         return DecoderState(cache=cache, version=cache.version, **fields)
 
     def advanced(self, cache: SelfAttentionCache, t: int) -> "DecoderState":
         """The state after ``decode`` wrote ``t`` new positions into ``cache``."""
         cache.advance(t)
-        return self._with(cache, step=self.step + t)
+        return self._with(cache)
 
     def reorder(self, index: Tensor) -> "DecoderState":
         """Select decoder rows (beam reordering). ``index`` [B*group] must map each sentence's
@@ -172,8 +183,6 @@ class DecoderState:
         step once per sentence: every beam starts from the same bos)."""
         if self.group != 1:
             raise ValueError(f"expand needs one row per sentence, not {self.group}")
-        n = self.cache.rows
         cache = self.take()
-        cache.select_rows(torch.arange(n, device=self.cross_k[0].device if self.cross_k
-                                       else None).repeat_interleave(group))
+        cache.select_rows(torch.arange(cache.rows, device=cache.device).repeat_interleave(group))
         return self._with(cache, group=group)

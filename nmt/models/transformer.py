@@ -169,7 +169,7 @@ class Transformer(nn.Module):
         cache = SelfAttentionCache(len(self.decoder_layers), enc.out.size(0) * group,
                                    cfg.heads * cfg.head_dim_k, cfg.heads * cfg.head_dim_v)
         return DecoderState(cache=cache, cross_k=cross_k, cross_v=cross_v,
-                            memory_mask=enc.attn_mask(), group=group, step=0)
+                            memory_mask=enc.attn_mask(), group=group)
 
     def decode(self, prev_tokens: Tensor, state: DecoderState,
                return_hidden: bool = False) -> tuple[Tensor, DecoderState]:

@@ -68,7 +68,7 @@ class Policy:
         # Stopping on a signal: save at once, no validation (a scheduler's grace period
         # before SIGKILL is short).
         due = save or bool(self.valid_every and not skipped and update % self.valid_every == 0)
-        early = update < (cfg.validate_after_updates or 0) and not stop
+        early = update < cfg.validate_after_updates and not stop
         validate = not signals.interrupted and due and not early
         return Decision(validate=validate, save=save, stop=stop)
 
