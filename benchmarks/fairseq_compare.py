@@ -4,14 +4,16 @@
     python benchmarks/fairseq_compare.py --work /tmp/fs --bin DATA_BIN            # JSON on stdout
     python benchmarks/fairseq_compare.py --work /tmp/fs --setup-only
 
-fairseq 0.12.2 is never a dependency of nmt. It needs Python 3.10 (pyenv) and torch 2.5; its
-source package lacks a C++ source of one extension (the extensions whose sources are missing are
-dropped from setup.py, and it is built with --no-build-isolation against the venv's torch and
-Cython); omegaconf 2.0 has metadata that pip >= 24.1 rejects (pip is pinned below that); and
-the BetterTransformer fast path of its encoder fails with current torch at generation (it is
-switched off in the installed copy). Any failure (no Python 3.10, no network, only CUDA builds
-of torch 2.5 reachable, a build error, a time limit) skips with a one-line reason, and the
-harness compares with REFERENCE, the figures of the issue.
+fairseq 0.12.2 is never a dependency of nmt. Its last binary wheels are for Python 3.8, so with
+a Python 3.8 (pyenv) the venv gets that wheel and torch 2.4.1, the last torch release for 3.8
+(nothing is compiled). Without one it needs Python 3.10 and torch 2.5, and is built from its
+source package, which lacks a C++ source of one extension (the extensions whose sources are
+missing are dropped from setup.py, and it is built with --no-build-isolation against the venv's
+torch and Cython). Either way omegaconf 2.0 has metadata that pip >= 24.1 rejects (pip is
+pinned below that), and the BetterTransformer fast path of its encoder fails with current torch
+at generation (it is switched off in the installed copy). Any failure (no Python 3.8 or 3.10,
+no network, only CUDA builds of torch reachable, a build error, a time limit) skips with a
+one-line reason, and the harness compares with REFERENCE, the figures of the issue.
 
 The measured run uses the nmt binarized data (DATA_BIN from nmt-preprocess): its subword ids
 are written back as symbols, binarized by fairseq-preprocess with nmt's own dictionary, and
@@ -40,7 +42,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 FAIRSEQ_VERSION = "0.12.2"
-TORCH_VERSION = "2.5.1"
+TORCH_VERSION = "2.5.1"          # built from source on Python 3.10
+WHEEL_TORCH_VERSION = "2.4.1"    # the binary wheel on Python 3.8: the last torch for 3.8
 REF_SOURCE = "reference figures from the issue, same machine kind, not measured in this run"
 # The M30K-small runs (transformer_small size, Multi30k en-de, 2 threads, max tokens 4096).
 REFERENCE = {
@@ -63,15 +66,14 @@ def log(msg: str) -> None:
 
 
 # --- installation -------------------------------------------------------------------------------
-def find_python310() -> Path:
-    roots = [Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"]
-    for root in roots:
-        for cand in sorted(glob.glob(str(root / "3.10*" / "bin" / "python3.10")), reverse=True):
-            return Path(cand)
-    found = shutil.which("python3.10")
-    if found:
-        return Path(found)
-    raise Skip("no Python 3.10 (looked in ~/.pyenv/versions and PATH)")
+def find_python(minor: str) -> Path | None:
+    """A python``minor`` (e.g. "3.8") from pyenv's versions or PATH, or None."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for cand in sorted(glob.glob(str(root / f"{minor}.*" / "bin" / f"python{minor}")),
+                       reverse=True):
+        return Path(cand)
+    found = shutil.which(f"python{minor}")
+    return Path(found) if found else None
 
 
 def _run(cmd: list, deadline: float, what: str, cwd: Path | None = None,
@@ -157,26 +159,49 @@ def install_only(setup) -> dict:
 
 def setup_venv(work: Path, timeout: float, allow_cuda_torch: bool = False,
                torch_index: str | None = None) -> Path:
-    """A venv with torch 2.5 and fairseq 0.12.2 under ``work``; returns its python."""
+    """A venv with fairseq 0.12.2 under ``work`` (the Python 3.8 wheel, or a build from source
+    on Python 3.10); returns its python."""
     deadline = time.monotonic() + timeout
     venv = work / "venv"
     py = venv / "bin" / "python"
     ok_file = venv / ".nmt-bench-ok"
     if ok_file.exists() and py.exists():
         return py
-    py310 = find_python310()
+    base = find_python("3.8") or find_python("3.10")
+    if base is None:
+        raise Skip("no Python 3.8 or 3.10 (looked in ~/.pyenv/versions and PATH)")
+    wheel = base.name == "python3.8"
+    torch_version = WHEEL_TORCH_VERSION if wheel else TORCH_VERSION
     work.mkdir(parents=True, exist_ok=True)
-    log(f"creating {venv} with {py310}")
-    _run([py310, "-m", "venv", "--clear", venv], deadline, "python3.10 -m venv")
+    log(f"creating {venv} with {base}")
+    _run([base, "-m", "venv", "--clear", venv], deadline, f"{base.name} -m venv")
     pip = [py, "-m", "pip", "--disable-pip-version-check"]
     # omegaconf 2.0.x (fairseq's hydra-core 1.0) has metadata that pip >= 24.1 refuses.
     _run(pip + ["install", "-q", "pip<24.1"], deadline, "pip install pip<24.1")
     index = ["--index-url", torch_index] if torch_index else []
-    refuse_cuda_torch(pip, work, TORCH_VERSION, index, deadline, allow_cuda_torch,
+    refuse_cuda_torch(pip, work, torch_version, index, deadline, allow_cuda_torch,
                       "--fairseq-torch-index")
-    log(f"installing torch {TORCH_VERSION}")
-    _run(pip + ["install", "-q", f"torch=={TORCH_VERSION}", *index], deadline,
-         f"pip install torch=={TORCH_VERSION}")
+    log(f"installing torch {torch_version}")
+    _run(pip + ["install", "-q", f"torch=={torch_version}", *index], deadline,
+         f"pip install torch=={torch_version}")
+    if wheel:
+        # The wheel asks for torchaudio too; numpy < 1.24 keeps the np.float fairseq uses.
+        log(f"installing fairseq {FAIRSEQ_VERSION} (binary wheel)")
+        _run(pip + ["install", "-q", "--only-binary", "fairseq", f"fairseq=={FAIRSEQ_VERSION}",
+                    f"torch=={torch_version}", f"torchaudio=={torch_version}", "numpy<1.24",
+                    *index], deadline, f"pip install fairseq=={FAIRSEQ_VERSION}")
+    else:
+        _build_from_source(pip, work, deadline)
+    n = disable_fast_path(py, deadline)
+    log(f"encoder fast path disabled ({n} switch{'es' if n != 1 else ''})")
+    _run([py, "-c", "import fairseq, torch; from fairseq.models.transformer import "
+                    "TransformerModel"], deadline, "import fairseq")
+    ok_file.write_text("ok\n")
+    return py
+
+
+def _build_from_source(pip: list, work: Path, deadline: float) -> None:
+    """fairseq 0.12.2 from its source package, against the venv's torch (Python 3.10)."""
     _run(pip + ["install", "-q", "numpy<2", "cython<3.1", "setuptools<70", "wheel"], deadline,
          "pip install build requirements")
     sdist_dir = work / "sdist"
@@ -196,12 +221,6 @@ def setup_venv(work: Path, timeout: float, allow_cuda_torch: bool = False,
     log("building fairseq (--no-build-isolation)")
     _run(pip + ["install", "-q", "--no-build-isolation", src], deadline,
          f"pip install fairseq {FAIRSEQ_VERSION}")
-    n = disable_fast_path(py, deadline)
-    log(f"encoder fast path disabled ({n} switch{'es' if n != 1 else ''})")
-    _run([py, "-c", "import fairseq, torch; from fairseq.models.transformer import "
-                    "TransformerModel"], deadline, "import fairseq")
-    ok_file.write_text("ok\n")
-    return py
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -389,8 +408,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--install-timeout", type=float, default=900)
     ap.add_argument("--allow-cuda-torch", action="store_true",
-                    help="download torch 2.5 even if only its CUDA build (several GB) is reachable")
-    ap.add_argument("--torch-index", help="pip index URL with a CPU build of torch 2.5")
+                    help="download torch (2.4.1 on Python 3.8, 2.5.1 on 3.10) even if only its "
+                         "CUDA build (several GB) is reachable")
+    ap.add_argument("--torch-index", help="pip index URL with a CPU build of that torch")
     ap.add_argument("--setup-only", action="store_true", help="install, do not measure")
     a = ap.parse_args(argv)
     if a.setup_only:

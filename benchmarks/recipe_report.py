@@ -59,7 +59,9 @@ def plot(valid: list[dict], path: Path, title: str) -> None:
 
 def section(args, records: list[dict]) -> str:
     valid = [r for r in records if r.get("kind") == "valid"]
-    averaged = [r for r in records if r.get("kind") == "valid_averaged"]
+    # Averaged checkpoints and ensembles (nmt-train --average-*/--ensemble-best), validated at
+    # the end; an ensemble has decoding scores only.
+    averaged = [r for r in records if r.get("kind") in ("valid_averaged", "valid_ensemble")]
     summary = [r for r in records if r.get("kind") == "summary"]
     seconds = sum(r["seconds"] for r in summary)
     lines = [f"### {args.name}", "", f"Command: `{args.command}`", ""]
@@ -79,7 +81,8 @@ def section(args, records: list[dict]) -> str:
               "|---:|---:|---:|" + "---:|" * len(keys)]
     for r in valid + averaged:
         first = f"{r['update']:,}" if r in valid else r.get("checkpoint", "average")
-        lines.append(f"| {first} | {r['loss']:.3f} | {r['nll_loss']:.3f} | " +
+        loss, nll = (f"{r[k]:.3f}" if r.get(k) is not None else "-" for k in ("loss", "nll_loss"))
+        lines.append(f"| {first} | {loss} | {nll} | " +
                      " | ".join(str(r.get(k, "-")) for k in keys) + " |")
     if args.scores:
         text = "\n".join(Path(p).read_text(encoding="utf-8").strip() for p in args.scores)

@@ -400,8 +400,9 @@ def parse_args(argv=None):
     ap.add_argument("--fairseq-timeout", type=float, default=900,
                     help="seconds allowed for the fairseq install")
     ap.add_argument("--allow-cuda-torch", action="store_true",
-                    help="let the fairseq venv download a CUDA build of torch 2.5 (several GB)")
-    ap.add_argument("--fairseq-torch-index", help="pip index URL for a CPU build of torch 2.5")
+                    help="let the fairseq venv download a CUDA build of torch (2.4.1 on "
+                         "Python 3.8, 2.5.1 on 3.10; several GB)")
+    ap.add_argument("--fairseq-torch-index", help="pip index URL for a CPU build of that torch")
     ap.add_argument("--work", type=Path, help="keep intermediate files here (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds allowed per step (default 3600; --quick 300)")

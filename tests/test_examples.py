@@ -348,9 +348,9 @@ def test_parsing_run_sh_dry_run_commands_are_valid(tmp_path):
 
 def test_parsing_run_sh_sample_dry_run(tmp_path):
     """--sample: the free ptb-sample's splits, lexicalized trees over a joined word vocabulary
-    with <unk>, transformer_small
-    selected by validation bracket F1 and averaged, the test decoded with and without tree
-    constraints by the checkpoint nmt-train prints."""
+    with signatures for rare words, transformer_small selected by validation bracket F1, the
+    test decoded with and without tree constraints by the ensemble of the 5 best checkpoints
+    that nmt-train lists."""
     import shlex
     script = str(EXAMPLES / "parsing_wsj" / "run.sh")
     work = tmp_path / "w"
@@ -361,9 +361,11 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     assert len(cmds) == 9 and not work.exists()
     prepare, preprocess, train, gen, delin, score, gen_free, delin_free, score_free = cmds
     assert prepare.endswith(f"/data/ptb-sample {work}/text --split train=0001-0159 "
-                            "--split valid=0160-0169 --split test=0170-0179 --leaves words")
+                            "--split valid=0160-0169 --split test=0170-0179 --leaves words "
+                            "--signatures 2")
     # valid.gold (written by prepare.py into WORK/text) lies beside the valid split's files,
     # where meta.json's source_path points: validation scores bracket F1 against it.
+    assert preprocess.startswith("nmt-preprocess -s sig -t lin ")
     assert f"--validpref {work}/text/valid " in preprocess
     assert "--subword none --joined-dictionary --threshold 4" in preprocess
     assert "--vocab-size" not in preprocess
@@ -371,15 +373,18 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
                 "--max-tokens 4096", "--best-checkpoint-metric bracket-f1", "--valid-beam 4",
                 "--valid-lenpen 0.3 --valid-max-len-a 1 --valid-max-len-b 300",
                 "--validate-after-updates 1000", "--patience 10",
-                "--average-best 5", "--max-time 105m", "--device cpu --threads 2",
+                "--ensemble-best 5", "--max-time 105m", "--device cpu --threads 2",
                 f"> {work}/results/checkpoint.txt"]:
         assert opt in train, opt
     assert "torchrun" not in train
-    selected = f"{work}/checkpoints/checkpoint_avg_best5.pt"
-    assert f"checkpoint.txt: {selected}" in p.stdout      # what nmt-train will print
+    listing = f"{work}/checkpoints/ensemble_best5.txt"
+    assert f"listed in {listing}" in p.stdout
     for g in (gen, gen_free):
-        assert g.startswith(f"nmt-generate {selected} --input {work}/text/test.words")
+        # the sources with signatures in, the trees over the words themselves
+        assert g.startswith(f"nmt-generate $(cat {listing}) --input {work}/text/test.sig ")
         assert "--beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300" in g
+    for d in (delin, delin_free):
+        assert f"delinearize.py {work}/text/test.words " in d
     assert "--no-tree-constraints" in gen_free and "--no-tree-constraints" not in gen
     assert "--tags" in delin and f"2> {work}/results/repairs.txt" in delin
     assert f"2> {work}/results/repairs.free.txt" in delin_free

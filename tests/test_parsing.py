@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.errors import NmtError
-from nmt.tasks.parsing import (SplitSpec, delinearize, leaves_of, linearize, prepare_treebank,
-                               right_branching)
+from nmt.tasks.parsing import (SplitSpec, delinearize, is_bracket, leaves_of, linearize,
+                               prepare_treebank, right_branching)
+from nmt.tasks.signatures import Signatures, signature
 from nmt.tasks.trees import (Tree, clean_label, read_treebank_file, read_trees_text, to_string,
                              with_root)
 
@@ -210,6 +211,45 @@ def test_lexicalized_linearization_round_trips(tmp_path):
         linearize(t, "tags")
 
 
+def test_signatures_keep_the_shape_of_rare_words():
+    cases = {"Waertsilae": "UNK-Cap", "35.2": "UNK-NUM", "132,000": "UNK-NUM",
+             "1\\/2": "UNK-NUM", "averted": "UNK-low-ed", "Miami-based": "UNK-Cap-HYPH-ed",
+             "2,050-passenger": "UNK-DIG-low-HYPH-er", "IBM": "UNK-CAPS", "%": "UNK-SYM",
+             "--": "UNK-SYM", "shipbuilding": "UNK-low-ing", "quickly": "UNK-low-ly",
+             "red": "UNK-low", "ship": "UNK-low"}
+    for word, sig in cases.items():
+        assert signature(word) == sig, word
+        assert not is_bracket(sig)
+    assert signature("Carnival", first=True) == "UNK-Init-al"
+    sigs = Signatures.from_sentences([["the", "dog", "the"], ["Rex", "ran"]], min_count=2)
+    assert sigs.map(["Rex", "the", "Dogs", "ran"]) == ["UNK-Init", "the", "UNK-Cap-s", "UNK-low"]
+    with pytest.raises(ValueError):
+        Signatures(Counter(), 0)
+
+
+def test_prepare_writes_signatures_on_both_sides(tmp_path):
+    prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=1-2"), SplitSpec.parse("test=3-3")],
+                     leaves="words", signatures=2)
+    train_words = Counter(w for line in (tmp_path / "train.words").read_text().splitlines()
+                          for w in line.split())
+    for split in ("train", "test"):
+        words, sig, lin, gold, tags = [(tmp_path / f"{split}.{s}").read_text().splitlines()
+                                       for s in ("words", "sig", "lin", "gold", "tags")]
+        for w, s, l, g, t in zip(words, sig, lin, gold, tags):
+            w, s = w.split(), s.split()
+            assert [x for x in l.split() if not is_bracket(x)] == s       # leaves = the source
+            assert s == [x if train_words[x] >= 2 else signature(x, first=i == 0)
+                         for i, x in enumerate(w)]
+            # the trees come back over the words themselves
+            assert to_string(delinearize(l, w, t.split(), leaves="words")) == g
+    assert any(x.startswith("UNK-") for x in (tmp_path / "test.sig").read_text().split())
+    with pytest.raises(NmtError, match="'train' split"):
+        prepare_treebank([MINI], tmp_path, [SplitSpec.parse("test=3-3")], signatures=2)
+    with pytest.raises(NmtError, match="suffix of the signature files"):
+        prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=1-2")], src_suffix="sig",
+                         signatures=2)
+
+
 def test_prepare_errors(tmp_path):
     with pytest.raises(NmtError, match="no .mrg file numbered"):
         prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=50-60")])
@@ -240,13 +280,16 @@ def test_prepare_and_delinearize_scripts(tmp_path):
     assert "has 2 lines but" in r.stderr
 
 
-def test_bracket_f1_validation_scores_trees_over_the_raw_words(tmp_path):
+@pytest.mark.parametrize("src", ["words", "sig"])
+def test_bracket_f1_validation_scores_trees_over_the_raw_words(tmp_path, src):
     # The valid split's words are unknown to the training vocabulary: the validation trees must
-    # be built over the raw words (EVALB rejects '<unk>' as a word that differs from the gold).
+    # be built over the raw words (EVALB rejects '<unk>', or a signature, as a word that differs
+    # from the gold's).
     prepare_treebank([MINI], tmp_path, [SplitSpec.parse("train=1-2"),
-                                        SplitSpec.parse("valid=0003-0003")])
+                                        SplitSpec.parse("valid=0003-0003")],
+                     leaves="words" if src == "sig" else "xx", signatures=2 if src == "sig" else 0)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    pre = subprocess.run(["nmt-preprocess", "-s", "words", "-t", "lin", "--trainpref",
+    pre = subprocess.run(["nmt-preprocess", "-s", src, "-t", "lin", "--trainpref",
                           str(tmp_path / "train"), "--validpref", str(tmp_path / "valid"),
                           "--destdir", str(tmp_path / "bin"), "--subword", "none",
                           "--max-len", "0", "--max-len-ratio", "0", "-q"],

@@ -86,22 +86,32 @@ def run(args, stdin=None):
                           timeout=300)
 
 
-def test_validation_scores_equal_nmt_generate_then_nmt_score(tmp_path):
+def train_reversal(tmp_path, updates: int, interval: int, *options: str):
+    """nmt-train on the reversal corpus (chrF selection): (save dir, completed process)."""
     data_dir = write_reversal_corpus(tmp_path, run, ())
     save = tmp_path / "ck"
-    # 200 updates: enough for translations that are not empty (chrF > 0), a few seconds
     r = run(["nmt-train", data_dir, "--arch", "transformer_tiny", "-o", "dropout=0",
-             "--max-tokens", "100", "--max-update", "200", "--warmup", "50", "--save-dir",
-             str(save), "--save-interval-updates", "100", "--best-checkpoint-metric", "chrf",
-             "--valid-bleu",
-             "--valid-beam", "3", "--valid-lenpen", "1.0", "--threads", "1"])
+             "--max-tokens", "100", "--max-update", str(updates), "--warmup", "50",
+             "--save-dir", str(save), "--save-interval-updates", str(interval),
+             "--best-checkpoint-metric", "chrf", "--threads", "1", *options])
+    return save, r
+
+
+def test_validation_scores_equal_nmt_generate_then_nmt_score(tmp_path):
+    # Four validations in 200 updates; the best one by chrF is compared, so that translations
+    # are not empty (chrF > 0) whichever CPU's rounding the tiny model's path depends on.
+    save, r = train_reversal(tmp_path, 200, 50, "--valid-bleu", "--valid-beam", "3",
+                             "--valid-lenpen", "1.0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str((save / "checkpoint_best.pt").resolve())
     assert "scored against " + str(tmp_path / "valid.yy") in r.stderr      # the raw references
-    valid = [json.loads(x) for x in (save / "train_log.jsonl").read_text().splitlines()]
-    valid = [x for x in valid if x["kind"] == "valid"][-1]
-    assert valid["update"] == 200 and valid["chrf"] > 0
-    gen = run(["nmt-generate", str(save / "checkpoint_200.pt"), "--input", str(tmp_path / "valid.xx"),
+    records = [json.loads(x) for x in (save / "train_log.jsonl").read_text().splitlines()]
+    records = [x for x in records if x["kind"] == "valid"]
+    assert [x["update"] for x in records] == [50, 100, 150, 200]
+    valid = max(records, key=lambda x: (x["chrf"], x["update"]))      # ties: the newer is best
+    assert valid["chrf"] > 0
+    assert load_checkpoint(save / "checkpoint_best.pt")["progress"]["update"] == valid["update"]
+    gen = run(["nmt-generate", str(save / "checkpoint_best.pt"), "--input", str(tmp_path / "valid.xx"),
                "--beam", "3", "--lenpen", "1.0", "--threads", "1", "-q"])
     assert gen.returncode == 0, gen.stderr
     assert len(gen.stdout.splitlines()) == 8
@@ -153,3 +163,47 @@ def test_final_line_says_when_the_printed_average_is_not_the_best(tmp_path, monk
     assert len(final) == 1
     assert "best on validation: checkpoint_best.pt" in final[0]
     assert "printed: the average checkpoint_avg_best2.pt" in final[0]
+
+
+def test_ensemble_best_keeps_lists_and_reports_its_checkpoints(tmp_path, monkeypatch, caplog):
+    scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
+    seen = []
+
+    def validate_ensemble(self, paths, name):
+        seen.append((list(paths), name))
+        return {"bleu": 33.0}
+
+    monkeypatch.setattr(Run, "_validate_ensemble", validate_ensemble)
+    with caplog.at_level("INFO", logger="nmt"):
+        out = train(run_cfg(tmp_path, max_update=6, best_checkpoint_metric="bleu", keep_last=1,
+                            ensemble_best=3), FakeData(n_train=40), "fake")
+    assert out == (tmp_path / "checkpoint_best.pt").resolve()     # one path, as always
+    listing = tmp_path / "ensemble_best3.txt"
+    names = [os.path.basename(p) for p in listing.read_text().splitlines()]
+    assert names == ["checkpoint_2.pt", "checkpoint_3.pt", "checkpoint_4.pt"]
+    assert all(os.path.isabs(p) for p in listing.read_text().splitlines())
+    assert seen and [p.name for p in seen[0][0]] == names and seen[0][1] == "ensemble_best3.txt"
+    left = sorted(p.name for p in tmp_path.glob("checkpoint_[0-9]*.pt"))
+    assert left == ["checkpoint_2.pt", "checkpoint_3.pt", "checkpoint_4.pt", "checkpoint_6.pt"]
+    final = [r.getMessage() for r in caplog.records if "best on validation" in r.getMessage()]
+    assert len(final) == 1 and "best on validation: ensemble_best3.txt" in final[0]
+    assert f"nmt-generate $(cat {listing})" in final[0]
+
+
+def test_ensemble_validation_equals_nmt_generate_of_the_listed_checkpoints(tmp_path):
+    save, r = train_reversal(tmp_path, 150, 50, "--ensemble-best", "2", "--valid-beam", "3")
+    assert r.returncode == 0, r.stderr
+    paths = (save / "ensemble_best2.txt").read_text().split()
+    assert len(paths) == 2 and all(os.path.exists(p) for p in paths)
+    log = [json.loads(x) for x in (save / "train_log.jsonl").read_text().splitlines()]
+    ens = [x for x in log if x["kind"] == "valid_ensemble"]
+    assert len(ens) == 1 and ens[0]["checkpoint"] == "ensemble_best2.txt"
+    gen = run(["nmt-generate", *paths, "--input", str(tmp_path / "valid.xx"), "--beam", "3",
+               "--threads", "1", "-q"])
+    assert gen.returncode == 0, gen.stderr
+    hyp = tmp_path / "hyp.yy"
+    hyp.write_text(gen.stdout)
+    sc = run(["nmt-score", "--hyp", str(hyp), "--ref", str(tmp_path / "valid.yy"),
+              "--metric", "chrf", "--json"])
+    assert sc.returncode == 0, sc.stderr
+    assert round(json.loads(sc.stdout)["score_exact"], 2) == ens[0]["chrf"]

@@ -14,6 +14,10 @@ test=2300-2399 (23). For each split it writes:
     OUT_DIR/{split}.gold    the normalized gold tree, one per line, rooted at TOP (for EVALB)
     OUT_DIR/{split}.tags    the gold POS tags (to put back after de-linearization)
     OUT_DIR/{split}.rb      a right-branching baseline tree per line (for comparison)
+    OUT_DIR/{split}.sig     with --signatures N: the words, those seen fewer than N times in
+                            the train split replaced by their shape (UNK-Cap, UNK-NUM,
+                            UNK-low-ing; nmt/tasks/signatures.py), the source to train on; the
+                            lexicalized targets (--leaves words) then carry them as leaves too
 """
 
 from __future__ import annotations
@@ -46,12 +50,16 @@ DEFAULT_SPLITS = ("train=0001-0159", "valid=0160-0169", "test=0170-0179")
 @click.option("--leaves", type=click.Choice(["xx", "words"]), default="xx", show_default=True,
               help="What stands for a word in the target: XX (the paper's, after Vinyals et "
                    "al.), or the word itself (a lexicalized target: (NP the dog )NP).")
+@click.option("--signatures", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", help="Also write {split}.sig: words seen fewer than N times in the "
+                                "train split replaced by a signature of their shape (0: no).")
 @handle_errors("prepare.py")
-def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves):
+def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves, signatures):
     """Read TREEBANK files or directories (searched for *.mrg) and write OUT_DIR/{split}.*"""
     setup_logging()
     specs = [SplitSpec.parse(s) for s in (splits or DEFAULT_SPLITS)]
-    summary = prepare_treebank(inputs, out_dir, specs, src_suffix, tgt_suffix, leaves)
+    summary = prepare_treebank(inputs, out_dir, specs, src_suffix, tgt_suffix, leaves,
+                               signatures)
     for name, info in summary.items():
         words = read_lines(Path(out_dir) / f"{name}.{src_suffix}")
         tags = read_lines(Path(out_dir) / f"{name}.tags")

@@ -16,10 +16,11 @@
 #   --dry-run       print the commands instead of running them
 #   --sample        PTB_SAMPLE_DIR is the free NLTK sample (wsj_0001.mrg .. wsj_0179.mrg): train
 #                   0001-0159, valid 0160-0169, test 0170-0179; the words seen twice or more
-#                   as vocabulary; transformer_small, dropout 0.3, checkpoints chosen by
-#                   validation bracket F1 (beam 4), the 5 best averaged; at most 105 minutes of
-#                   training on 2 CPU threads. Test decoded with and without tree constraints
-#                   (README: "The treebank sample on a CPU"). WORK_DIR default ./parsing_wsj_sample
+#                   as vocabulary, signatures for the others; transformer_small, dropout 0.3,
+#                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
+#                   the test as an ensemble; at most 105 minutes of training on 2 CPU threads.
+#                   Test decoded with and without tree constraints (README: "The treebank
+#                   sample on a CPU"). WORK_DIR default ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
 #
@@ -31,6 +32,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 gpus=1
 prep_opts=()
+src=words
 max_update="${MAX_UPDATE:-}"
 dry_run=0
 tiny=0
@@ -43,7 +45,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry_run=1; shift ;;
     --tiny) tiny=1; shift ;;
     --sample) sample=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
   esac
@@ -83,20 +85,24 @@ elif [ "$sample" = 1 ]; then
   # the decoder sees where it is in the sentence (copying the next word) instead of counting
   # XX; on 3,400 sentences that is what the model cannot learn otherwise (README). One joined
   # dictionary, shared embeddings: a word is the same vector on both sides. Threshold 4 on
-  # the joined counts (each occurrence counts on both sides) = words seen twice; words seen
-  # once map to <unk>, so that the model learns <unk> for the test's unknown words.
-  prep_opts=(--leaves words)
+  # the joined counts (each occurrence counts on both sides) = words seen twice. Words seen
+  # once in training become signatures of their shape (UNK-Cap, UNK-NUM, UNK-low-ing), so that
+  # the model learns what to do with the test's unknown words (11-13% of the valid and test
+  # words are not seen twice in training); the model reads WORK/text/*.sig, the trees are
+  # built over the words themselves (*.words).
+  prep_opts=(--leaves words --signatures 2)
+  src=sig
   vocab_opts=(--joined-dictionary --threshold 4)
   model_opts=(-o dropout=0.3 -o attention_dropout=0.2)
   # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
-  # --max-time bounds the run: 5,593 updates in 105 minutes on one 2-core machine (0.9 updates/s).
+  # --max-time bounds the run: about 5,600 updates in 105 minutes on one 2-core machine.
   # No validation before update 1000: an untrained model decodes every sentence to the length
   # limit (2-3 minutes per validation, for F1 near 0).
   train_opts=(--max-tokens 4096 --lr-scale 1.5 --save-interval-updates 250 --keep-last 1
               --best-checkpoint-metric bracket-f1 --valid-beam 4 --valid-lenpen 0.3
               --valid-max-len-a 1 --valid-max-len-b 300 --validate-after-updates 1000
-              --patience 10 --average-best 5 --max-time 105m --device cpu --threads 2)
+              --patience 10 --ensemble-best 5 --max-time 105m --device cpu --threads 2)
   gen_opts=(--device cpu --threads 2)
 else
   if [ "${#args[@]}" -lt 1 ]; then
@@ -130,7 +136,12 @@ step() {
   if [ "$1" = --stderr ]; then errlog="$2"; shift 2; fi
   if [ "$dry_run" = 1 ]; then
     echo "# [$name]"
-    printf '%q ' "$@" | sed 's/ $//'
+    # $(cat FILE) (the ensemble's checkpoints) stays as it is, for a shell to expand
+    local arg words=()
+    for arg in "$@"; do
+      case "$arg" in '$(cat '*')') words+=("$arg") ;; *) words+=("$(printf '%q' "$arg")") ;; esac
+    done
+    echo -n "${words[*]}"
     if [ -n "$dest" ]; then printf ' > %q' "$dest"; fi
     if [ -n "$errlog" ]; then printf ' 2> %q' "$errlog"; fi
     echo
@@ -166,35 +177,37 @@ step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}" ${pre
 # 2. Source: words, no subwords (tree constraints count source tokens as words): a 16k
 #    vocabulary, or for --sample the words seen at least twice. The target is the bracket
 #    symbols and XX. No length filter: linearized trees are ~2.6x longer than their sentences.
-step preprocess "${preprocess[@]}" -s words -t lin --trainpref "$data/train" \
+step preprocess "${preprocess[@]}" -s "$src" -t lin --trainpref "$data/train" \
   --validpref "$data/valid" --testpref "$data/test" --destdir "$bin" --overwrite \
   --subword none "${vocab_opts[@]}" --max-len 0 --max-len-ratio 0
 
 # 3. transformer_parse. Dropout 0.2 (residual and attention) and 16000 warm-up steps follow
 #    tensor2tensor's transformer_parsing_base; the paper says only that they were tuned on 22.
-#    --sample: transformer_small; nmt-train prints the checkpoint it selected (the average of
-#    the 5 best by validation bracket F1), kept in WORK/results/checkpoint.txt.
+#    --sample: transformer_small; the test is decoded by the ensemble of the 5 best checkpoints
+#    by validation bracket F1, which nmt-train lists in WORK/checkpoints/ensemble_best5.txt
+#    (README: an ensemble of checkpoints scored 2.8 F1 above their average on validation).
 if [ "$sample" = 1 ]; then
   step train --stdout "$out/checkpoint.txt" "${train[@]}" "$bin" --arch "$arch" \
     "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
     --save-dir "$ckpt" "${train_opts[@]}"
+  listing="$ckpt/ensemble_best5.txt"
   if [ "$dry_run" = 1 ]; then
-    model="$ckpt/checkpoint_avg_best5.pt"
-    echo "# the checkpoint is the line nmt-train printed, $out/checkpoint.txt: $model"
+    models=("\$(cat $(printf %q "$listing"))")     # printed as is
+    echo "# the checkpoints are those nmt-train listed in $listing"
   else
-    model="$(tail -n 1 "$out/checkpoint.txt")"
-    [ -f "$model" ] || { echo "run.sh: error: $out/checkpoint.txt names no checkpoint ($model)" >&2; exit 1; }
+    [ -s "$listing" ] || { echo "run.sh: error: nmt-train wrote no $listing" >&2; exit 1; }
+    mapfile -t models < "$listing"
   fi
 else
   step train "${train[@]}" "$bin" --arch "$arch" \
     "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
     --save-dir "$ckpt" "${train_opts[@]}"
-  model="$ckpt/checkpoint_last.pt"
+  models=("$ckpt/checkpoint_last.pt")
 fi
 
 # 4. Beam 21, alpha 0.3, max length input + 300 on the test split (section 23), under tree
 #    constraints (nmt-generate's default for a parsing checkpoint).
-step generate "${generate[@]}" "$model" --input "$data/test.words" \
+step generate "${generate[@]}" "${models[@]}" --input "$data/test.$src" \
   --output "$out/test.lin" --beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300 "${gen_opts[@]}"
 
 # 5. Back to trees over the input words (ill-formed output repaired, the repairs counted in
@@ -206,7 +219,7 @@ step score --stdout "$out/bracket_f1.txt" "${score[@]}" --ref "$data/test.gold" 
 
 # 6. --sample: the same without tree constraints (the model's own output, repaired).
 if [ "$sample" = 1 ]; then
-  step generate_free "${generate[@]}" "$model" --input "$data/test.words" \
+  step generate_free "${generate[@]}" "${models[@]}" --input "$data/test.$src" \
     --output "$out/test.free.lin" --beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300 \
     --no-tree-constraints "${gen_opts[@]}"
   step delinearize_free --stdout "$out/test.free.trees" --stderr "$out/repairs.free.txt" \
@@ -220,7 +233,7 @@ if [ "$dry_run" = 0 ]; then
   if [ "$sample" = 1 ]; then
     for run in "" .free; do
       if [ -z "$run" ]; then how="with tree constraints (default)"; else how="without tree constraints"; fi
-      echo "$how, $model:"
+      echo "$how, ${models[*]}:"
       cat "$out/bracket_f1$run.txt"
       grep -h '^repairs:' "$out/repairs$run.txt" 2>/dev/null || echo "repairs: none"
     done

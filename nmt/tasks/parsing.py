@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 
 from nmt.errors import NmtError
 from nmt.io import atomic_write, iter_lines
+from nmt.tasks.signatures import Signatures
 from nmt.tasks.trees import Tree, list_treebank_files, read_treebank_file, to_string, with_root
 
 log = logging.getLogger("nmt.tasks.parsing")
@@ -188,39 +189,73 @@ def file_number(path: str) -> int | None:
 
 def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
                      splits: Sequence[SplitSpec], src_suffix: str = "words",
-                     tgt_suffix: str = "lin", leaves: str = "xx") -> dict[str, dict[str, int]]:
+                     tgt_suffix: str = "lin", leaves: str = "xx",
+                     signatures: int = 0) -> dict[str, dict[str, int]]:
     """Write, per split, ``{split}.{src_suffix}`` (words), ``{split}.{tgt_suffix}`` (linearized
     trees, :func:`linearize` with ``leaves``), ``{split}.gold`` (one normalized tree per line,
     rooted at TOP) and ``{split}.tags``.
+
+    ``signatures`` N > 0: also ``{split}.sig``, the words with those seen fewer than N times in
+    the ``train`` split replaced by their signature (:mod:`nmt.tasks.signatures`); lexicalized
+    targets (``leaves="words"``) then carry the same signatures as leaves.
 
     Returns {split: {"files": n, "sentences": n, "words": n}}.
     """
     files = list_treebank_files(inputs)
     if not files:
         raise NmtError("no .mrg files found in the given inputs")
+    if signatures and "train" not in {s.name for s in splits}:
+        raise NmtError("signatures count the words of the 'train' split: give --split train=...")
+    if signatures and "sig" in (src_suffix, tgt_suffix):
+        raise NmtError("with signatures, 'sig' is the suffix of the signature files: choose "
+                       "another source or target suffix")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, dict[str, int]] = {}
+    read: dict[str, tuple[int, list[Tree]]] = {}
     for spec in splits:
         chosen = [f for f in files if (n := file_number(f)) is not None
                   and spec.first <= n <= spec.last]
         if not chosen:
             raise NmtError(f"split {spec.name}: no .mrg file numbered {spec.first}-{spec.last}")
-        src, tgt, gold, tags = [], [], [], []
-        for f in chosen:
-            for tree in read_treebank_file(f):
-                tw = tree.tagged_words()
-                src.append(" ".join(w for _, w in tw))
-                tags.append(" ".join(t for t, _ in tw))
-                tgt.append(" ".join(linearize(tree, leaves)))
-                gold.append(to_string(with_root(tree)))
-        for suffix, lines in ((src_suffix, src), (tgt_suffix, tgt), ("gold", gold), ("tags", tags)):
-            with atomic_write(out / f"{spec.name}.{suffix}", "w") as fh:
+        read[spec.name] = (len(chosen), [t for f in chosen for t in read_treebank_file(f)])
+    sig = None
+    if signatures:
+        sig = Signatures.from_sentences(
+            ([w for _, w in t.tagged_words()] for t in read["train"][1]), signatures)
+    summary: dict[str, dict[str, int]] = {}
+    for name, (n_files, trees) in read.items():
+        files_out = _split_lines(trees, leaves, sig)
+        names = {"src": src_suffix, "tgt": tgt_suffix}
+        for key, lines in files_out.items():
+            with atomic_write(out / f"{name}.{names.get(key, key)}", "w") as fh:
                 fh.write("".join(line + "\n" for line in lines))
-        summary[spec.name] = {"files": len(chosen), "sentences": len(src),
-                              "words": sum(len(s.split()) for s in src)}
-        log.info("%s: %d files, %d sentences", spec.name, len(chosen), len(src))
+        summary[name] = {"files": n_files, "sentences": len(trees),
+                         "words": sum(len(s.split()) for s in files_out["src"])}
+        log.info("%s: %d files, %d sentences", name, n_files, len(trees))
     return summary
+
+
+def _split_lines(trees: Sequence[Tree], leaves: str,
+                 sig: Signatures | None) -> dict[str, list[str]]:
+    """{"src", "tgt", "gold", "tags"[, "sig"]: one line per tree} of one split."""
+    out: dict[str, list[str]] = {"src": [], "tgt": [], "gold": [], "tags": []}
+    if sig is not None:
+        out["sig"] = []
+    for tree in trees:
+        tw = tree.tagged_words()
+        words = [w for _, w in tw]
+        seq = linearize(tree, leaves)
+        if sig is not None:
+            mapped = sig.map(words)
+            out["sig"].append(" ".join(mapped))
+            if leaves == "words":       # the leaves are the words, in order
+                it = iter(mapped)
+                seq = [t if is_bracket(t) else next(it) for t in seq]
+        out["src"].append(" ".join(words))
+        out["tags"].append(" ".join(t for t, _ in tw))
+        out["tgt"].append(" ".join(seq))
+        out["gold"].append(to_string(with_root(tree)))
+    return out
 
 
 def leaves_of(sequences: Iterable[str]) -> str:

@@ -85,11 +85,17 @@ class TrainConfig:
                                         "unless --save-interval-minutes is given).")
     save_interval_minutes: float = option(0.0, "Save every N minutes (the paper: 10).")
     keep_last: int = option(5, "Keep the last K checkpoint_<update>.pt files (at least "
-                            "--average-last; the --average-best ones are kept too).")
+                            "--average-last; the --average-best and --ensemble-best ones are "
+                            "kept too).")
     average_last: int = option(0, "At the end, average the last N checkpoints (paper: 5 base, "
                                "20 big) into checkpoint_avg<N>.pt.")
     average_best: int = option(0, "At the end, average the N best checkpoints by "
                                "--best-checkpoint-metric into checkpoint_avg_best<N>.pt.")
+    ensemble_best: int = option(0, "Keep the N best checkpoints by --best-checkpoint-metric and "
+                                "list them at the end in ensemble_best<N>.txt, one path per "
+                                "line, for nmt-generate to ensemble: nmt-generate $(cat "
+                                "ensemble_best<N>.txt) ... With a decoding metric the "
+                                "ensemble is validated too.")
     best_checkpoint_metric: str = option(
         "loss", "Validation score that picks checkpoint_best.pt, --patience and --average-best: "
         "loss (lower is better), bleu or chrf (sacreBLEU of the decoded validation split "
@@ -153,7 +159,8 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
         for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
-                     "average_last", "average_best", "patience", "validate_after_updates"):
+                     "average_last", "average_best", "ensemble_best", "patience",
+                     "validate_after_updates"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
         if self.max_time < 0 or self.save_interval_minutes < 0 or self.clip_norm < 0:

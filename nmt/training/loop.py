@@ -24,9 +24,9 @@ from nmt.config import ModelConfig
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.errors import NmtError, UsageError
 from nmt.search.config import SearchConfig
-from nmt.training.average import average_to_file
 from nmt.training.config import TrainConfig
 from nmt.training.curves import DECODING_METRICS, JsonlLog, TensorBoardLog, plot_curves
+from nmt.training.end import EndOfRun
 from nmt.training.distributed import (DistInfo, all_gather_object, barrier, collective_failure,
                                       env_dist_info, init_distributed, pick_device,
                                       shutdown_distributed)
@@ -45,7 +45,7 @@ log = logging.getLogger("nmt.train")
 ProgressFn = Callable[[int, "int | None", str], None]
 
 
-class Run:
+class Run(EndOfRun):
     """State of one training run; see :func:`train`."""
 
     def __init__(self, cfg: TrainConfig, data, data_dir: str,
@@ -203,7 +203,8 @@ class Run:
             t0 = time.perf_counter()
             upd = self.trainer.num_updates
             self.selection.record_saved(upd, self.selection.value(valid))
-            keep = self.selection.best_updates(self.cfg.average_best)
+            keep = self.selection.best_updates(max(self.cfg.average_best,
+                                                   self.cfg.ensemble_best))
             path = self.save_dir.write(self._checkpoint(rng_states, valid), upd, is_best,
                                        max(self.cfg.keep_last, self.cfg.average_last), keep)
             log.info("saved %s (%.1fs)", path, time.perf_counter() - t0)
@@ -403,78 +404,6 @@ class Run:
         if done and self.is_main:
             log.info("already at update %d: nothing to train", self.trainer.num_updates)
         return done
-
-    # --- the end of the run ---------------------------------------------------------------------
-    def _finish(self) -> Path:
-        """Average when asked; return the checkpoint to use."""
-        final = self.save_dir.last
-        if self.cfg.best_checkpoint_metric != "loss" or self.cfg.patience:
-            final = self.save_dir.best if self.save_dir.best.exists() else final
-        averaged: list[tuple[Path, float | None]] = []
-        if self.is_main:
-            averaged = self._average()
-            if averaged:
-                final = averaged[0][0]
-            self._report_final(final, averaged)
-        barrier(self.info)
-        return final.resolve()
-
-    def _average(self) -> list[tuple[Path, float | None]]:
-        """checkpoint_avg<N>.pt (--average-last) and checkpoint_avg_best<N>.pt (--average-best),
-        each validated: [(path, score)], the last-N average first."""
-        from nmt.training.savedir import checkpoint_update
-
-        out = []
-        numbered = self.save_dir.numbered()
-        if self.cfg.average_last:
-            paths = numbered[-self.cfg.average_last:]
-            if len(paths) < self.cfg.average_last:
-                log.warning("only %d checkpoints to average (asked for %d)", len(paths),
-                            self.cfg.average_last)
-            out.append(average_to_file(paths, self.save_dir.path / f"checkpoint_avg{len(paths)}.pt"))
-        if self.cfg.average_best:
-            have = {checkpoint_update(p): p for p in numbered}
-            ups = self.selection.best_updates(self.cfg.average_best, set(have))
-            if len(ups) < self.cfg.average_best:
-                log.warning("only %d scored checkpoints to average (asked for %d best)",
-                            len(ups), self.cfg.average_best)
-            if ups:
-                out.append(average_to_file([have[u] for u in ups], self.save_dir.path /
-                                           f"checkpoint_avg_best{len(ups)}.pt"))
-        return [(p, self._score_checkpoint(p)) for p in out]
-
-    def _score_checkpoint(self, path: Path) -> float | None:
-        """The selection metric of an averaged checkpoint on the validation split."""
-        if self.valid_ds is None or self.info.enabled:
-            return None
-        saved = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(ckpt_io.load_checkpoint(path, self.device)["model"])
-        try:
-            stats = self.validate("valid_averaged", path.name)
-        finally:
-            self.model.load_state_dict(saved)
-        return self.selection.value(stats)
-
-    def _report_final(self, final: Path, averaged: list[tuple[Path, float | None]]) -> None:
-        sel = self.selection
-        parts = [f"{self.save_dir.best.name}: {sel.describe(sel.best)} "
-                 f"(update {sel.best_update})"] if sel.best is not None else []
-        parts += [f"{p.name}: {sel.describe(v)}" for p, v in averaged]
-        scored = [(v, p) for p, v in averaged if v is not None]
-        if sel.best is not None:
-            scored.append((sel.best, self.save_dir.best))
-        if scored:
-            top = scored[0]
-            for cand in scored[1:]:
-                if not sel.at_least_as_good(top[0], cand[0]):
-                    top = cand
-            parts.append(f"best on validation: {top[1].name}")
-            if averaged and top[1].name != final.name:
-                parts.append(f"printed: the average {final.name}, as --average-last/"
-                             f"--average-best ask (use {top[1].name} for the best "
-                             f"validation score)")
-        why = "stopped early (--patience)" if self.stopped_early else "finished"
-        log.info("%s; %s; use %s", why, "; ".join(parts) or "no validation", final)
 
     # --- logging and faults ---------------------------------------------------------------------
     def _log_start(self) -> None:

@@ -86,14 +86,10 @@ def load_references(data, split: str, dataset, metrics: Sequence[str]) -> Refere
                            f"as examples/parsing_wsj/prepare.py writes them)")
         lines = read_lines(gold)
         _check_count(lines, n, gold)
-        # The trees are built over the raw words: decoding the binarized source would give
-        # <unk> for unknown words, which EVALB rejects as words that differ from the gold's.
-        raw_src = _split_file(data, split, data.src_lang)
-        if raw_src is None:
-            raise NmtError(f"--best-checkpoint-metric bracket-f1 needs the source words of the "
-                           f"'{split}' split (<prefix>.{data.src_lang} beside {gold})")
-        words = read_lines(raw_src)
-        _check_count(words, n, raw_src)
+        # The trees are built over the gold trees' own words: decoding the binarized source
+        # would give <unk> for unknown words (and a signature source, prepare.py --signatures,
+        # its signatures), which EVALB rejects as words that differ from the gold's.
+        words = [" ".join(_tree_words(line, f"{gold}:{i + 1}")) for i, line in enumerate(lines)]
         return References(lines, str(gold), words)
     raw = _split_file(data, split, data.tgt_lang)
     if raw is not None:
@@ -104,6 +100,15 @@ def load_references(data, split: str, dataset, metrics: Sequence[str]) -> Refere
                     "decoded references", raw, len(lines), split, n)
     decoded = [data.tgt_codec.decode(dataset.tgt(i).tolist()) for i in range(n)]
     return References(decoded, "decoded references")
+
+
+def _tree_words(line: str, name: str) -> list[str]:
+    from nmt.tasks.trees import read_trees_text
+
+    trees = read_trees_text(line, name)
+    if len(trees) != 1:
+        raise NmtError(f"{name}: expected one tree, found {len(trees)}")
+    return trees[0].words()
 
 
 def _check_count(lines: Sequence[str], n: int, path: Path) -> None:
@@ -118,7 +123,8 @@ class DecodingStopped(Exception):
 
 def decode_split(model, data, dataset, search: SearchConfig, device: torch.device,
                  should_stop: Callable[[], bool] | None = None) -> list[str]:
-    """Translations of every sentence of ``dataset``, in order, as nmt-generate makes them.
+    """Translations of every sentence of ``dataset``, in order, as nmt-generate makes them
+    (``model``: one model, or a list of them decoded as an ensemble).
     ``should_stop`` is asked after each batch; when it says yes, DecodingStopped is raised."""
     from nmt.search.translator import Translator
 
@@ -126,16 +132,19 @@ def decode_split(model, data, dataset, search: SearchConfig, device: torch.devic
         if should_stop is not None and should_stop():
             raise DecodingStopped
 
-    was_training = model.training
-    model.eval()
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    was_training = [m.training for m in models]
+    for m in models:
+        m.eval()
     try:
-        translator = Translator([model], data.src_codec, data.tgt_codec, search=search,
+        translator = Translator(models, data.src_codec, data.tgt_codec, search=search,
                                 device=device)
         ids = [dataset.src(i) for i in range(len(dataset))]
         return [r.text for r in translator.translate_ids(ids, sources=[""] * len(ids),
                                                          progress=progress)]
     finally:
-        model.train(was_training)
+        for m, mode in zip(models, was_training):
+            m.train(mode)
 
 
 def decoding_scores(model, data, dataset, refs: References, search: SearchConfig,
