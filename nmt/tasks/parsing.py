@@ -221,7 +221,7 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     sig = None
     if signatures:
         sig = Signatures.from_sentences(
-            ([w for _, w in t.tagged_words()] for t in read["train"][1]), signatures)
+            (t.words() for t in read["train"][1]), signatures)
     summary: dict[str, dict[str, int]] = {}
     for name, (n_files, trees) in read.items():
         files_out = _split_lines(trees, leaves, sig)

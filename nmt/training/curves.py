@@ -16,6 +16,11 @@ log = logging.getLogger("nmt.train")
 DECODING_METRICS = {"bleu": "BLEU", "chrf": "chrF", "bracket_f1": "bracket F1"}
 
 
+def decoding_log_suffix(stats: dict) -> str:
+    """`` | bleu 12.34 | chrf 45.67`` for the decoding scores in ``stats`` (a log line's end)."""
+    return "".join(f" | {k} {stats[k]:.2f}" for k in DECODING_METRICS if k in stats)
+
+
 class JsonlLog:
     """Appends one JSON object per line; each line is flushed so a crash loses nothing."""
 

@@ -10,7 +10,7 @@ from typing import Any
 from nmt import checkpoint as ckpt_io
 from nmt.training import validate as V
 from nmt.training.average import average_to_file
-from nmt.training.curves import DECODING_METRICS
+from nmt.training.curves import decoding_log_suffix
 from nmt.training.distributed import barrier
 
 log = logging.getLogger("nmt.train")
@@ -38,19 +38,13 @@ class EndOfRun:
         """ensemble_best<N>.txt (--ensemble-best): the N best checkpoints, one absolute path
         per line, oldest first; validated as an ensemble when the metric decodes."""
         from nmt.io import atomic_write
-        from nmt.training.savedir import checkpoint_update
 
         n = self.cfg.ensemble_best
         if not n:
             return []
-        have = {checkpoint_update(p): p for p in self.save_dir.numbered()}
-        ups = self.selection.best_updates(n, set(have))
-        if len(ups) < n:
-            log.warning("only %d scored checkpoints for the ensemble (asked for %d best)",
-                        len(ups), n)
-        if not ups:
+        paths = [p.resolve() for p in self._best_numbered(n, "for the ensemble")]
+        if not paths:
             return []
-        paths = [have[u].resolve() for u in ups]
         # Named by the N asked for, so that scripts find it (the warning says when fewer).
         listing = self.save_dir.path / f"ensemble_best{n}.txt"
         with atomic_write(listing, "w") as fh:
@@ -77,14 +71,23 @@ class EndOfRun:
                "epoch": self.epoch, "checkpoint": name, **stats}
         self.jsonl.write(rec)
         log.info("%s (%d checkpoints) | update %d%s", name, len(paths), self.trainer.num_updates,
-                 "".join(f" | {k} {stats[k]:.2f}" for k in DECODING_METRICS if k in stats))
+                 decoding_log_suffix(stats))
         return stats
+
+    def _best_numbered(self, n: int, purpose: str) -> list[Path]:
+        """The numbered checkpoints of the N best scored updates still on disk, oldest first
+        (a warning when fewer than N are)."""
+        from nmt.training.savedir import checkpoint_update
+
+        have = {checkpoint_update(p): p for p in self.save_dir.numbered()}
+        ups = self.selection.best_updates(n, set(have))
+        if len(ups) < n:
+            log.warning("only %d scored checkpoints %s (asked for %d best)", len(ups), purpose, n)
+        return [have[u] for u in ups]
 
     def _average(self) -> list[tuple[Path, float | None]]:
         """checkpoint_avg<N>.pt (--average-last) and checkpoint_avg_best<N>.pt (--average-best),
         each validated: [(path, score)], the last-N average first."""
-        from nmt.training.savedir import checkpoint_update
-
         out = []
         numbered = self.save_dir.numbered()
         if self.cfg.average_last:
@@ -95,14 +98,10 @@ class EndOfRun:
             out.append(average_to_file(paths,
                                        self.save_dir.path / f"checkpoint_avg{len(paths)}.pt"))
         if self.cfg.average_best:
-            have = {checkpoint_update(p): p for p in numbered}
-            ups = self.selection.best_updates(self.cfg.average_best, set(have))
-            if len(ups) < self.cfg.average_best:
-                log.warning("only %d scored checkpoints to average (asked for %d best)",
-                            len(ups), self.cfg.average_best)
-            if ups:
-                out.append(average_to_file([have[u] for u in ups], self.save_dir.path /
-                                           f"checkpoint_avg_best{len(ups)}.pt"))
+            best = self._best_numbered(self.cfg.average_best, "to average")
+            if best:
+                out.append(average_to_file(best, self.save_dir.path /
+                                           f"checkpoint_avg_best{len(best)}.pt"))
         return [(p, self._score_checkpoint(p)) for p in out]
 
     def _score_checkpoint(self, path: Path) -> float | None:

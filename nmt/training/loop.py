@@ -25,7 +25,7 @@ from nmt.data.batching import TokenBatchSampler, collate
 from nmt.errors import NmtError, UsageError
 from nmt.search.config import SearchConfig
 from nmt.training.config import TrainConfig
-from nmt.training.curves import DECODING_METRICS, JsonlLog, TensorBoardLog, plot_curves
+from nmt.training.curves import JsonlLog, TensorBoardLog, decoding_log_suffix, plot_curves
 from nmt.training.end import EndOfRun
 from nmt.training.distributed import (DistInfo, all_gather_object, barrier, collective_failure,
                                       env_dist_info, init_distributed, pick_device,
@@ -298,11 +298,9 @@ class Run(EndOfRun):
             rec = {**rec, **({"checkpoint": name} if name else {}), **stats}
             self.jsonl.write(rec)
             self.tensorboard.write(rec)
-            extra = "".join(f" | {k} {stats[k]:.2f}" for k in DECODING_METRICS
-                            if k in stats)
             log.info("%s | update %d | loss %.4f | nll %.4f | ppl %.2f%s",
                      name or "valid", self.trainer.num_updates, stats["loss"], stats["nll_loss"], stats["ppl"],
-                     extra)
+                     decoding_log_suffix(stats))
         return stats
 
     # --- the loop -------------------------------------------------------------------------------
