@@ -77,6 +77,12 @@ def test_resume_names_changed_options_and_another_data_directory(dirs, tmp_path)
     assert f"resuming on {dirs['same']}" in err and "vocabularies are the same" in err
     ck = load_checkpoint(save / "checkpoint_last.pt")
     assert ck["progress"]["update"] == 4 and ck["scheduler"]["warmup"] == 8
+    # cosine cycles from here on: named too, and kept in the scheduler's state
+    code, out, err = cli([dirs["same"], *args, "--lr-period", "3", "--max-update", "6",
+                          "--save-dir", str(save)])
+    assert code == 0, err
+    assert "--lr-period 3 (was 0)" in err
+    assert load_checkpoint(save / "checkpoint_last.pt")["scheduler"]["period"] == 3
 
 
 def test_resume_with_another_model_names_the_difference(dirs, tmp_path):

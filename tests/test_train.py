@@ -8,7 +8,7 @@ from nmt.data.batching import collate
 from nmt.checkpoint import load_checkpoint
 from nmt.training.loop import TrainConfig, train
 from nmt.training.loss import label_smoothed_nll_loss
-from nmt.training.optim import InverseSqrtSchedule, make_optimizer, noam_lr
+from nmt.training.optim import InverseSqrtSchedule, cyclic_lr, make_optimizer, noam_lr
 from nmt.training.trainer import Trainer
 
 from train_support import FakeData
@@ -46,6 +46,27 @@ def test_schedule_sets_the_optimizer_lr_per_update():
     assert max(seen) == pytest.approx(256 ** -0.5 * 50 ** -0.5)   # peak at step == warmup
     assert seen.index(max(seen)) == 49
     assert seen[99] == pytest.approx(256 ** -0.5 * 100 ** -0.5)
+
+
+def test_lr_period_runs_cosine_cycles_under_eq5_with_warm_restarts():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = make_optimizer([p])
+    sched = InverseSqrtSchedule(opt, d_model=256, warmup=50, period=100)
+    seen = []
+    for _ in range(350):
+        seen.append(sched.prepare_step())
+        sched.advance()
+    # the warm-up is eq. 5's
+    assert seen[:50] == pytest.approx([noam_lr(s, 256, 50) for s in range(1, 51)], rel=1e-12)
+    for k, first in enumerate((51, 151, 251)):        # cycles of 100 updates, numbered from 1
+        cycle = seen[first - 1:first - 1 + 100]
+        assert cycle[0] == pytest.approx(noam_lr(first, 256, 50), rel=1e-12)  # restart on eq. 5
+        assert cycle[50] == pytest.approx(cycle[0] / 2, rel=1e-12)             # half-way: half
+        assert all(a > b for a, b in zip(cycle, cycle[1:]))                    # falls all along
+        assert cycle[-1] < 1e-3 * cycle[0]                                     # to near zero
+    assert seen[150] > seen[149] * 100                     # the warm restart
+    assert cyclic_lr(120, 256, 50, 1.0, 0) == noam_lr(120, 256, 50)   # period 0: eq. 5 alone
+    assert sched.state_dict()["period"] == 100
 
 
 def test_label_smoothing_formula():

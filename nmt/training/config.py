@@ -67,6 +67,11 @@ class TrainConfig:
                               "bigger batch on fewer devices).")
     lr_scale: float = option(1.0, "Multiplies the learning rate of eq. 5.")
     warmup: int = option(4000, "warmup_steps of eq. 5.")
+    lr_period: int = option(0, "After the warm-up, run the learning rate in cosine cycles of N "
+                            "updates (warm restarts): each cycle starts at eq. 5's "
+                            "rate and anneals to near zero, so the checkpoint at a cycle's end "
+                            "is a converged snapshot; make --save-interval-updates divide N "
+                            "(0: eq. 5 alone, as the paper).", metavar="N")
     clip_norm: float = option(0.0, "Clip the gradient norm to this value (0: no clipping, as "
                               "the paper).")
     seed: int = option(1, "Seed for initialisation, dropout and batch order.")
@@ -159,7 +164,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
         for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
-                     "average_last", "average_best", "ensemble_best", "patience",
+                     "average_last", "average_best", "ensemble_best", "patience", "lr_period",
                      "validate_after_updates"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 0")

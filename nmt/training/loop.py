@@ -107,7 +107,8 @@ class Run(EndOfRun):
         torch.manual_seed(cfg.seed + 1000 * self.info.rank)
         self.trainer = Trainer(self.model, label_smoothing=self.model_cfg.label_smoothing,
                                d_model=self.model_cfg.d_model, warmup=cfg.warmup,
-                               lr_scale=cfg.lr_scale, clip_norm=cfg.clip_norm,
+                               lr_scale=cfg.lr_scale, lr_period=cfg.lr_period,
+                               clip_norm=cfg.clip_norm,
                                precision=cfg.precision, device=self.device,
                                dist_info=self.info)
 

@@ -45,7 +45,8 @@ class StepStats:
 
 class Trainer:
     def __init__(self, model: nn.Module, *, label_smoothing: float, d_model: int,
-                 warmup: int = 4000, lr_scale: float = 1.0, clip_norm: float = 0.0,
+                 warmup: int = 4000, lr_scale: float = 1.0, lr_period: int = 0,
+                 clip_norm: float = 0.0,
                  precision: str = "fp32", device: torch.device | str = "cpu",
                  dist_info: DistInfo | None = None, pad_idx: int = 0):
         self.device = torch.device(device)
@@ -63,7 +64,8 @@ class Trainer:
             self.wrapped.register_comm_hook(None, sum_allreduce_hook)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params)
-        self.schedule = InverseSqrtSchedule(self.optimizer, d_model, warmup, lr_scale)
+        self.schedule = InverseSqrtSchedule(self.optimizer, d_model, warmup, lr_scale,
+                                            lr_period)
         self.clip_norm = clip_norm
         self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 7)
                        if precision == "fp16" else None)
