@@ -97,7 +97,7 @@ elif [ "$sample" = 1 ]; then
   model_opts=(-o dropout=0.3 -o attention_dropout=0.2)
   # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
-  # --max-time bounds the run: about 5,600 updates in 105 minutes on one 2-core machine.
+  # --max-time bounds the run: 5,600-6,400 updates in 105 minutes on 2-core machines.
   # No validation before update 1000: an untrained model decodes every sentence to the length
   # limit (2-3 minutes per validation, for F1 near 0).
   # --lr-period 1000: after the warm-up the learning rate runs in cosine cycles of 1000 updates
