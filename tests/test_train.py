@@ -48,7 +48,7 @@ def test_schedule_sets_the_optimizer_lr_per_update():
     assert seen[99] == pytest.approx(256 ** -0.5 * 100 ** -0.5)
 
 
-def test_lr_period_runs_cosine_cycles_under_eq5_with_warm_restarts():
+def test_lr_period_runs_cosine_cycles_that_restart_on_eq5():
     p = torch.nn.Parameter(torch.zeros(3))
     opt = make_optimizer([p])
     sched = InverseSqrtSchedule(opt, d_model=256, warmup=50, period=100)
@@ -58,7 +58,7 @@ def test_lr_period_runs_cosine_cycles_under_eq5_with_warm_restarts():
         sched.advance()
     # the warm-up is eq. 5's
     assert seen[:50] == pytest.approx([noam_lr(s, 256, 50) for s in range(1, 51)], rel=1e-12)
-    for k, first in enumerate((51, 151, 251)):        # cycles of 100 updates, numbered from 1
+    for first in (51, 151, 251):                      # cycles of 100 updates, numbered from 1
         cycle = seen[first - 1:first - 1 + 100]
         assert cycle[0] == pytest.approx(noam_lr(first, 256, 50), rel=1e-12)  # restart on eq. 5
         assert cycle[50] == pytest.approx(cycle[0] / 2, rel=1e-12)             # half-way: half

@@ -68,9 +68,9 @@ class TrainConfig:
     lr_scale: float = option(1.0, "Multiplies the learning rate of eq. 5.")
     warmup: int = option(4000, "warmup_steps of eq. 5.")
     lr_period: int = option(0, "After the warm-up, run the learning rate in cosine cycles of N "
-                            "updates (warm restarts): each cycle starts at eq. 5's "
-                            "rate and anneals to near zero, so the checkpoint at a cycle's end "
-                            "is a converged snapshot; make --save-interval-updates divide N "
+                            "updates (warm restarts): each cycle starts at eq. 5's rate and "
+                            "anneals to near zero, so the checkpoint at a cycle's end is an "
+                            "annealed snapshot; make --save-interval-updates divide N "
                             "(0: eq. 5 alone, as the paper).", metavar="N")
     clip_norm: float = option(0.0, "Clip the gradient norm to this value (0: no clipping, as "
                               "the paper).")

@@ -46,8 +46,8 @@ class StepStats:
 class Trainer:
     def __init__(self, model: nn.Module, *, label_smoothing: float, d_model: int,
                  warmup: int = 4000, lr_scale: float = 1.0, lr_period: int = 0,
-                 clip_norm: float = 0.0,
-                 precision: str = "fp32", device: torch.device | str = "cpu",
+                 clip_norm: float = 0.0, precision: str = "fp32",
+                 device: torch.device | str = "cpu",
                  dist_info: DistInfo | None = None, pad_idx: int = 0):
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
