@@ -193,6 +193,20 @@ def test_short_run_warns_about_its_warmup(tmp_path):
     assert code == 0 and "warm-up" not in err
 
 
+def test_lr_period_warns_when_cycle_ends_are_not_saved(tmp_path):
+    code, out, err = invoke(preprocess_main, corpus(tmp_path))
+    assert code == 0, err
+    base = [out.strip(), "--arch", "transformer_tiny", "--max-update", "2", "--warmup", "2",
+            "--max-tokens", "100"]
+    code, _, err = invoke(train_main, base + ["--lr-period", "3", "--save-interval-updates", "2",
+                                              "--save-dir", tmp_path / "s"])
+    assert code == 0, err
+    assert "--lr-period 3: not every cycle's end (updates 5, 8, ...) is saved" in err
+    code, _, err = invoke(train_main, base + ["--lr-period", "4", "--save-interval-updates", "2",
+                                              "--save-dir", tmp_path / "s2"])
+    assert code == 0 and "--lr-period" not in err, err
+
+
 def test_captured_logs_keep_whole_table_cells(tmp_path):
     r = run(["nmt-preprocess", *corpus(tmp_path)])
     assert r.returncode == 0, r.stderr

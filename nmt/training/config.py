@@ -70,8 +70,8 @@ class TrainConfig:
     lr_period: int = option(0, "After the warm-up, run the learning rate in cosine cycles of N "
                             "updates (warm restarts): each cycle starts at eq. 5's rate and "
                             "anneals to near zero, so the checkpoint at a cycle's end is an "
-                            "annealed snapshot; make --save-interval-updates divide N "
-                            "(0: eq. 5 alone, as the paper).", metavar="N")
+                            "annealed snapshot; make --save-interval-updates divide N and "
+                            "--warmup (0: eq. 5 alone, as the paper).", metavar="N")
     clip_norm: float = option(0.0, "Clip the gradient norm to this value (0: no clipping, as "
                               "the paper).")
     seed: int = option(1, "Seed for initialisation, dropout and batch order.")

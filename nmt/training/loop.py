@@ -418,6 +418,13 @@ class Run(EndOfRun):
                         "learning rate never reaches its peak and the model will be undertrained; "
                         "give a shorter warm-up, e.g. --warmup %d", cfg.max_update, cfg.warmup,
                         max(1, cfg.max_update // 4))
+        every = cfg.save_interval_updates
+        if cfg.lr_period and (not every or cfg.warmup % every or cfg.lr_period % every):
+            log.warning("--lr-period %d: not every cycle's end (updates %d, %d, ...) is saved, so "
+                        "annealed snapshots are lost; give a --save-interval-updates that "
+                        "divides both --warmup %d and --lr-period %d", cfg.lr_period,
+                        cfg.warmup + cfg.lr_period, cfg.warmup + 2 * cfg.lr_period, cfg.warmup,
+                        cfg.lr_period)
 
     def _log_end(self) -> None:
         s = self.total.summary()
