@@ -217,7 +217,8 @@ fi
 # 4. Beam 21, alpha 0.3 (--sample: 1.0), max length input + 300 on the test split (section 23),
 #    under tree constraints (nmt-generate's default for a parsing checkpoint).
 step generate "${generate[@]}" "${models[@]}" --input "$data/test.$src" \
-  --output "$out/test.lin" --beam 21 --lenpen "$lenpen" --max-len-a 1 --max-len-b 300 "${gen_opts[@]}"
+  --output "$out/test.lin" --beam 21 --lenpen "$lenpen" --max-len-a 1 --max-len-b 300 \
+  "${gen_opts[@]}"
 
 # 5. Back to trees over the input words (ill-formed output repaired, the repairs counted in
 #    WORK/results/repairs.txt), then EVALB F1.
