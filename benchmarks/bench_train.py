@@ -171,6 +171,20 @@ def trained_flops(run, updates: int) -> tuple[float, int]:
     return total, ntok
 
 
+def weights_digest(model) -> str:
+    """SHA-256 of the model's parameters and buffers, bytes in state-dict order: two runs that
+    trained bit for bit alike have the same digest."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def quick_data():
     """A small synthetic data set with the DataDir interface (no files, no downloads)."""
     import numpy as np
@@ -223,6 +237,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                     help="training precision (bf16/fp16 need CUDA); also the matmul rate's")
+    ap.add_argument("--dropout-masks", default="torch", choices=["torch", "fast"],
+                    help="as nmt-train --dropout-masks")
     ap.add_argument("--json", metavar="FILE", help="also write the result here")
     ap.add_argument("--save-dir", default=None, help="keep checkpoints here (default: temp)")
     ap.add_argument("--quick", action="store_true", help="tiny synthetic run, for tests")
@@ -260,10 +276,12 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
     with tempfile.TemporaryDirectory() as tmp:
         total = args.warm_updates + args.updates
+        # (--dropout-masks only when given: bench_versions.py runs versions without it)
+        masks = {} if args.dropout_masks == "torch" else {"dropout_masks": args.dropout_masks}
         cfg = TrainConfig(arch=args.arch, max_tokens=args.max_tokens, max_update=total,
                           warmup=args.warmup, save_dir=args.save_dir or tmp, resume=False,
                           device=args.device, precision=args.precision,
-                          log_interval=max(1, total // 10))
+                          log_interval=max(1, total // 10), **masks)
         run = Run(cfg, data, data_dir)
         if args.warm_updates:
             seconds, flops, ntok = timed_updates(run, args.warm_updates, args.updates)
@@ -283,7 +301,7 @@ def main() -> None:
         "torch": torch.__version__, "arch": args.arch, "max_tokens": args.max_tokens,
         "params": sum(p.numel() for p in run.model.parameters()),
         "updates": timed, "warm_updates": args.warm_updates, "threads": args.threads,
-        "device": args.device, "precision": args.precision,
+        "device": args.device, "precision": args.precision, "dropout_masks": args.dropout_masks,
         "gpu": torch.cuda.get_device_name(run.device) if cuda else None,
         "seconds": round(seconds, 2),
         "tgt_tokens_per_s": round(ntok / seconds, 1),
@@ -294,6 +312,7 @@ def main() -> None:
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 3),
         "gpu_max_gb": (round(torch.cuda.max_memory_allocated(run.device) / 2 ** 30, 3)
                        if cuda else None),
+        "weights_sha256": weights_digest(run.model),
     }
     if cuda:
         result["matmul_n"] = matmul_n

@@ -227,3 +227,34 @@ def test_bench_versions_compares_trees_side_by_side(tmp_path, ckpt):
                          cwd=repo, timeout=120)
     assert bad.returncode != 0 and "not a directory with an nmt package" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_bench_versions_train_mode_times_each_version_and_compares_weights(tmp_path):
+    """--train runs bench_train.py with each version's nmt; the same tree twice trains the
+    same weights bit for bit (the digest of the weights is compared, not assumed), and the
+    same tree with other dropout masks (REV+ARGS) trains others."""
+    from train_support import write_reversal_corpus
+
+    def run(args):
+        return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+    data = write_reversal_corpus(tmp_path, run, ())
+    repo = str(ROOT)
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "benchmarks/bench_versions.py", "--train", data, "--arch",
+           "transformer_tiny", "--warm-updates", "1", "--updates", "2", "--versions",
+           f"{repo},{repo},{repo}+--dropout-masks=fast", "--rounds", "1", "--threads", "1", "--work", str(tmp_path / "w"),
+           "--json", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())
+    assert [len(r["runs"]) for r in rows] == [1, 1, 1]
+    assert [r["identical_to_first"] for r in rows] == [True, True, False]
+    assert [r["runs"][0]["dropout_masks"] for r in rows] == ["torch", "torch", "fast"]
+    assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows)
+    assert len(rows[0]["runs"][0]["weights_sha256"]) == 64
+    assert "| version | target tokens/s (median) | vs first | achieved GFLOP/s (median) | MFU |" \
+        in res.stdout
+    bad = subprocess.run([sys.executable, "benchmarks/bench_versions.py", "--versions", repo],
+                         capture_output=True, text=True, cwd=repo, timeout=60)
+    assert bad.returncode == 2 and "--train DATA_DIR" in bad.stderr

@@ -83,6 +83,12 @@ def test_resume_names_changed_options_and_another_data_directory(dirs, tmp_path)
     assert code == 0, err
     assert "--lr-period 3 (was 0)" in err
     assert load_checkpoint(save / "checkpoint_last.pt")["scheduler"]["period"] == 3
+    # and so are the cheaper dropout masks
+    code, out, err = cli([dirs["same"], *args, "--lr-period", "3", "--dropout-masks", "fast",
+                          "--max-update", "8", "--save-dir", str(save)])
+    assert code == 0, err
+    assert "--dropout-masks fast (was torch)" in err and "; fast dropout masks" in err
+    assert load_checkpoint(save / "checkpoint_last.pt")["train_config"]["dropout_masks"] == "fast"
 
 
 def test_resume_with_another_model_names_the_difference(dirs, tmp_path):

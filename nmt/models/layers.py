@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.models.dropout import Dropout
+
 
 def sinusoid_table(length: int, dim: int, offset: int = 0) -> Tensor:
     """Eq. 4: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
@@ -157,7 +159,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.act = F.relu if activation == "relu" else F.gelu
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         for m in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(m.weight)
             nn.init.zeros_(m.bias)
@@ -172,7 +174,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool, eps: float):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def before(self, x: Tensor) -> Tensor:

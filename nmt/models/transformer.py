@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from nmt.config import ModelConfig
 from nmt.errors import UsageError
+from nmt.models.dropout import Dropout
 from nmt.models.layers import (FeedForward, LearnedPositions, MultiHeadAttention, Residual,
                                SinusoidalPositions, embedding_scale)
 from nmt.models.state import DecoderState, EncoderOut, SelfAttentionCache
@@ -112,7 +113,7 @@ class Transformer(nn.Module):
         else:
             self.src_pos = LearnedPositions(d, cfg.max_positions)
             self.tgt_pos = LearnedPositions(d, cfg.max_positions)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm ones already end normalised.

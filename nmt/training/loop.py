@@ -23,6 +23,7 @@ from nmt import checkpoint as ckpt_io
 from nmt.config import ModelConfig
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.errors import NmtError, UsageError
+from nmt.models.dropout import set_dropout_masks
 from nmt.search.config import SearchConfig
 from nmt.training.config import TrainConfig
 from nmt.training.curves import JsonlLog, TensorBoardLog, decoding_log_suffix, plot_curves
@@ -103,6 +104,7 @@ class Run(EndOfRun):
             if self.is_main:
                 log.info("initialized the model from %s (%s); a fresh optimizer, learning-rate "
                          "schedule and data position", init[0], init_from.describe(init[1]))
+        set_dropout_masks(self.model, cfg.dropout_masks)
         # Different dropout masks per rank; rank 0 keeps the single-process stream.
         torch.manual_seed(cfg.seed + 1000 * self.info.rank)
         self.trainer = Trainer(self.model, label_smoothing=self.model_cfg.label_smoothing,
@@ -409,9 +411,10 @@ class Run(EndOfRun):
         cfg = self.cfg
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info("model %s: %d parameters; %d training pairs; %d ranks x %d max tokens x "
-                 "update-freq %d; device %s, %s", self.model_cfg.arch, n_params,
+                 "update-freq %d; device %s, %s%s", self.model_cfg.arch, n_params,
                  len(self.train_ds), self.info.world_size, cfg.max_tokens, cfg.update_freq,
-                 self.device, cfg.precision)
+                 self.device, cfg.precision,
+                 "; fast dropout masks" if cfg.dropout_masks == "fast" else "")
         if cfg.max_update and cfg.max_update < cfg.warmup \
                 and self.trainer.num_updates < cfg.max_update:
             log.warning("--max-update %d ends the run before its warm-up of %d updates: the "
