@@ -19,9 +19,9 @@ first version, and whether its output is identical to the first version's.
 With ``--train``, each turn is instead one ``bench_train.py DATA_DIR --warm-updates W --updates
 U`` with that version's nmt (this script's own bench_train.py, so the timing is the same code):
 the table gives the median target tokens/s and MFU (against the median of the matmul rates that
-all turns measured), and whether the weights after the run are bit for bit the first version's. A version
-written ``REV+ARG+ARG...`` passes those arguments to its bench_train.py (an option of the same
-version, measured against it).
+all turns measured), and whether the weights after the run are bit for bit the first version's.
+A version written ``REV+ARG+ARG...`` passes those arguments to its bench_train.py (an option of
+the same version, measured against it).
 """
 
 from __future__ import annotations

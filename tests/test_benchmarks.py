@@ -243,8 +243,8 @@ def test_bench_versions_train_mode_times_each_version_and_compares_weights(tmp_p
     out = tmp_path / "r.json"
     cmd = [sys.executable, "benchmarks/bench_versions.py", "--train", data, "--arch",
            "transformer_tiny", "--warm-updates", "1", "--updates", "2", "--versions",
-           f"{repo},{repo},{repo}+--dropout-masks=fast", "--rounds", "1", "--threads", "1", "--work", str(tmp_path / "w"),
-           "--json", str(out)]
+           f"{repo},{repo},{repo}+--dropout-masks=fast", "--rounds", "1", "--threads", "1",
+           "--work", str(tmp_path / "w"), "--json", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=300)
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())
