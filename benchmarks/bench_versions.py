@@ -53,26 +53,9 @@ def checkout(version: str, work: Path) -> Path:
     return tree
 
 
-def run_child(tree: Path, args, hyp: Path) -> float:
-    """One timed pass of bench_ct2.py's nmt child with the nmt of ``tree``: wall seconds."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_ct2.py"), "--child",
-           "nmt", "--precision", "float32", "--beam", str(args.beam), "--threads",
-           str(args.threads), "--batch-size", str(args.batch_size), "--rounds", "1",
-           "--input", args.input, "--hyp", str(hyp), args.checkpoint]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
-    if res.returncode != 0:
-        raise SystemExit(f"bench_versions.py: error: {tree} failed: "
-                         f"{res.stderr.strip().splitlines()[-1:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])["walls"][0]
-
-
-def run_train_child(tree: Path, args, extra: list[str]) -> dict:
-    """One bench_train.py run (warm-up, then timed updates) with the nmt of ``tree``."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_train.py"), args.train,
-           "--arch", args.arch, "--warm-updates", str(args.warm_updates), "--updates",
-           str(args.updates), "--threads", str(args.threads), *extra]
+def child_result(tree: Path, threads: int, cmd: list[str]) -> dict:
+    """Run a benchmark child with the nmt of ``tree``; its last stdout line, parsed as JSON."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode != 0:
         raise SystemExit(f"bench_versions.py: error: {tree} failed: "
@@ -80,14 +63,37 @@ def run_train_child(tree: Path, args, extra: list[str]) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def rotation(rounds: int, n: int):
+    """(round, version index) for ``rounds`` rounds of ``n`` versions, the order rotating every
+    round so that a drift of the machine favours none."""
+    for r in range(rounds):
+        for k in range(n):
+            yield r, (r + k) % n
+
+
+def run_child(tree: Path, args, hyp: Path) -> float:
+    """One timed pass of bench_ct2.py's nmt child with the nmt of ``tree``: wall seconds."""
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_ct2.py"), "--child",
+           "nmt", "--precision", "float32", "--beam", str(args.beam), "--threads",
+           str(args.threads), "--batch-size", str(args.batch_size), "--rounds", "1",
+           "--input", args.input, "--hyp", str(hyp), args.checkpoint]
+    return child_result(tree, args.threads, cmd)["walls"][0]
+
+
+def run_train_child(tree: Path, args, extra: list[str]) -> dict:
+    """One bench_train.py run (warm-up, then timed updates) with the nmt of ``tree``."""
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_train.py"), args.train,
+           "--arch", args.arch, "--warm-updates", str(args.warm_updates), "--updates",
+           str(args.updates), "--threads", str(args.threads), *extra]
+    return child_result(tree, args.threads, cmd)
+
+
 def measure_train(args, trees: list[tuple[str, Path]]) -> list[dict]:
     runs: list[list[dict]] = [[] for _ in trees]
-    for r in range(args.rounds):
-        turn = list(range(len(trees)))
-        for i in turn[r % len(trees):] + turn[:r % len(trees)]:
-            runs[i].append(run_train_child(trees[i][1], args, trees[i][0].split("+")[1:]))
-            print(f"round {r + 1}: {trees[i][0]}: {runs[i][-1]['tgt_tokens_per_s']:.1f} target "
-                  f"tokens/s, MFU {runs[i][-1]['mfu']:.1%}", file=sys.stderr)
+    for r, i in rotation(args.rounds, len(trees)):
+        runs[i].append(run_train_child(trees[i][1], args, trees[i][0].split("+")[1:]))
+        print(f"round {r + 1}: {trees[i][0]}: {runs[i][-1]['tgt_tokens_per_s']:.1f} target "
+              f"tokens/s, MFU {runs[i][-1]['mfu']:.1%}", file=sys.stderr)
     first = runs[0][0]["weights_sha256"]
     # One machine, one run: MFU against the median matmul rate of all turns, so that the
     # versions are divided by the same rate (a turn's own 2-second measurement moves by +-5%).
@@ -122,12 +128,10 @@ def measure(args, trees: list[tuple[str, Path]]) -> list[dict]:
     walls: list[list[float]] = [[] for _ in trees]
     hyps = [Path(args.work) / f"hyp.{i}.txt" for i in range(len(trees))]
     n = sum(1 for _ in open(args.input, encoding="utf-8"))
-    for r in range(args.rounds):
-        turn = list(range(len(trees)))
-        for i in turn[r % len(trees):] + turn[:r % len(trees)]:
-            walls[i].append(run_child(trees[i][1], args, hyps[i]))
-            print(f"round {r + 1}: {trees[i][0]}: {n / walls[i][-1]:.1f} sentences/s",
-                  file=sys.stderr)
+    for r, i in rotation(args.rounds, len(trees)):
+        walls[i].append(run_child(trees[i][1], args, hyps[i]))
+        print(f"round {r + 1}: {trees[i][0]}: {n / walls[i][-1]:.1f} sentences/s",
+              file=sys.stderr)
     base_text = hyps[0].read_text(encoding="utf-8")
     rows = []
     for (version, tree), w, hyp in zip(trees, walls, hyps):
@@ -175,24 +179,23 @@ def main(argv=None) -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     args.work = str(work)
+    # A version's own arguments (REV+ARG+ARG, training only) do not name its tree.
+    trees = [(v, checkout(v.split("+")[0] if args.train else v, work))
+             for v in args.versions.split(",") if v]
     if args.train is not None:
         args.train = str(Path(args.train).resolve())
-        versions = [v for v in args.versions.split(",") if v]
-        rows = measure_train(args, [(v, checkout(v.split("+")[0], work)) for v in versions])
+        rows = measure_train(args, trees)
         print(train_table(rows))
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-        return 0
-    args.checkpoint = str(Path(args.checkpoint).resolve())
-    args.input = str(Path(args.input).resolve())
-    if args.limit:
-        lines = Path(args.input).read_text(encoding="utf-8").splitlines(keepends=True)
-        limited = work / "input.txt"
-        limited.write_text("".join(lines[:args.limit]), encoding="utf-8")
-        args.input = str(limited)
-    trees = [(v, checkout(v, work)) for v in args.versions.split(",") if v]
-    rows = measure(args, trees)
-    print(table(rows))
+    else:
+        args.checkpoint = str(Path(args.checkpoint).resolve())
+        args.input = str(Path(args.input).resolve())
+        if args.limit:
+            lines = Path(args.input).read_text(encoding="utf-8").splitlines(keepends=True)
+            limited = work / "input.txt"
+            limited.write_text("".join(lines[:args.limit]), encoding="utf-8")
+            args.input = str(limited)
+        rows = measure(args, trees)
+        print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0

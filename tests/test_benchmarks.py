@@ -233,10 +233,8 @@ def test_bench_versions_train_mode_times_each_version_and_compares_weights(tmp_p
     """--train runs bench_train.py with each version's nmt; the same tree twice trains the
     same weights bit for bit (the digest of the weights is compared, not assumed), and the
     same tree with other dropout masks (REV+ARGS) trains others."""
+    from test_train_cli import run
     from train_support import write_reversal_corpus
-
-    def run(args):
-        return subprocess.run(args, capture_output=True, text=True, timeout=120)
 
     data = write_reversal_corpus(tmp_path, run, ())
     repo = str(ROOT)
