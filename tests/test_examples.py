@@ -96,7 +96,7 @@ def test_wmt14_big_models_multi_gpu_dry_run(tmp_path):
 
 def test_multi30k_dry_run(tmp_path):
     out = run_example("multi30k/run.py", "--dry-run", "--work-dir", tmp_path).stdout
-    pre, train, gen, score = commands(out)
+    pre, train, gen, score, lit = commands(out)
     assert "--vocab-size 8000" in pre and "--joined-dictionary" in pre and "--subword bpe" in pre
     for opt in ("--arch transformer_small", "--max-tokens 4096", "--max-update 1000",
                 "--warmup 4000", "--threads 2"):
@@ -104,19 +104,34 @@ def test_multi30k_dry_run(tmp_path):
     assert "OMP_NUM_THREADS=2" in train
     assert "--beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50" in gen
     assert "test_2016_flickr" in gen and "--metric bleu" in score
+    assert "--metric multi-bleu --lowercase --lang de" in lit
     assert "raw.githubusercontent.com/multi30k/dataset" in out
 
 
 def test_multi30k_converge_dry_run_en_fr(tmp_path):
     out = run_example("multi30k/run.py", "--recipe", "converge", "--target", "fr", "--dry-run",
                       "--work-dir", tmp_path).stdout
-    pre, train, gen, score = commands(out)
+    pre, train, gen, score, lit = commands(out)
     assert "-s en -t fr" in pre and "val.fr" in out and "test_2016_flickr.fr" in out
     for opt in ("--arch transformer_small -o dropout=0.3", "--max-update 3000", "--warmup 1000",
                 "--lr-scale 1.5", "--average-last 5", "--valid-bleu"):
         assert opt in train
     assert "checkpoints-converge/checkpoint_avg5.pt" in gen and "hyp.fr" in gen
     assert "--metric bleu,chrf,tok-bleu --lang fr" in score
+    assert "--metric multi-bleu --lowercase --lang fr" in lit
+
+
+def test_multi30k_literature_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    pre, train, gen, _, lit = commands(out)
+    assert "--vocab-size 10000" in pre and "data-bin-10000" in train
+    for opt in ("--arch transformer_tiny -o encoder_layers=4 -o decoder_layers=4 -o d_model=128 "
+                "-o d_ff=256 -o heads=4 -o dropout=0.3", "--max-update 8000", "--warmup 2000",
+                "--lr-scale 2.53", "--average-last 10"):
+        assert opt in train
+    assert "checkpoints-literature/checkpoint_avg10.pt" in gen
+    assert "--metric multi-bleu --lowercase --lang de" in lit
 
 
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):

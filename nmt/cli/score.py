@@ -2,6 +2,7 @@
 
     nmt-generate ... | nmt-score --ref test.de
     nmt-score --ref test.de --hyp out.de --metric bleu,chrf,tok-bleu --lang de --json
+    nmt-score --ref test.de --hyp out.de --metric multi-bleu --lang de --lowercase
     nmt-score --ref test.gold --hyp test.trees --metric bracket-f1
 """
 
@@ -57,12 +58,13 @@ def _read(path: str | None, what: str) -> list[str]:
 @click.option("--tokenize", "-tok", type=click.Choice(TOKENIZERS), default=None,
               help="sacreBLEU tokenizer for BLEU (default: 13a, as sacreBLEU).")
 @click.option("--lowercase", "-lc", is_flag=True,
-              help="Case-insensitive BLEU and tok-BLEU (sacreBLEU's --lowercase).")
+              help="Case-insensitive BLEU and tok-BLEU (sacreBLEU's --lowercase); multi-bleu: "
+                   "lowercase before normalizing and tokenizing, as the Multi30k papers do.")
 @click.option("--force", is_flag=True,
               help="sacreBLEU --force: do not warn when the input looks tokenized.")
 @click.option("--lang", "-l", default=None, metavar="LANG",
-              help="Target language, the references': Moses tokenizer rules of tok-bleu (which "
-                   "requires it, e.g. de for En-De) and sacreBLEU's target language.")
+              help="Target language, the references': Moses rules of tok-bleu and multi-bleu "
+                   "(which require it, e.g. de for En-De) and sacreBLEU's target language.")
 @click.option("--pretokenized", is_flag=True,
               help="tok-bleu: the files are Moses-tokenized already; only split compounds.")
 @click.option("--no-normalize-quotes", is_flag=True,
@@ -99,9 +101,10 @@ def main(refs, hyp, metrics, as_json, sentence, tokenize, lowercase, force, lang
                         normalize_quotes=not no_normalize_quotes,
                         evalb=params, evalb_name=evalb_params or "COLLINS", retag=not no_retag,
                         names=(refs[0], hyp or "<stdin>"))
-    if "tok-bleu" in names and lang is None:
-        raise UsageError("--metric tok-bleu needs --lang, the references' language (e.g. --lang "
-                         "de): it picks the Moses tokenizer's rules")
+    for needs_lang in ("tok-bleu", "multi-bleu"):
+        if needs_lang in names and lang is None:
+            raise UsageError(f"--metric {needs_lang} needs --lang, the references' language "
+                             f"(e.g. --lang de): it picks the Moses tokenizer's rules")
     if evalb_report and names != ["bracket-f1"]:
         raise UsageError("--evalb-report goes with --metric bracket-f1 alone")
     ref_lines = [_read(r, "reference") for r in refs]

@@ -4,6 +4,8 @@
   the options its command line would use, so the numbers, the signatures and the text line are
   the ones ``sacrebleu REF -i HYP -m ...`` prints. Lines are right-stripped, as its CLI does.
 * ``tok-bleu``: the paper's tokenized, compound-split BLEU (nmt.metrics.tok_bleu).
+* ``multi-bleu``: the Multi30k literature's BLEU: (lowercased with ``--lowercase``,)
+  punctuation-normalized, Moses-tokenized text scored by multi-bleu.perl's rules.
 * ``bracket-f1``: EVALB's labelled bracket F1 (nmt.metrics.evalb), one tree per line.
 """
 
@@ -19,7 +21,7 @@ import nmt.metrics.evalb as evalb_mod
 import nmt.metrics.tok_bleu as tok_bleu_mod
 from nmt.version import __version__
 
-METRICS = ("bleu", "chrf", "ter", "tok-bleu", "bracket-f1")
+METRICS = ("bleu", "chrf", "ter", "tok-bleu", "multi-bleu", "bracket-f1")
 SACRE = {"bleu": "BLEU", "chrf": "CHRF", "ter": "TER"}
 log = logging.getLogger("nmt.metrics")
 
@@ -123,6 +125,13 @@ def corpus_score(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[str]]
                    "hyp_len": r.hyp_len, "ref_len": r.ref_len}
         return MetricScore(metric, "tok-BLEU", r.score, sig, f"tok-BLEU|{sig} = {r.format()}",
                            details)
+    if metric == "multi-bleu":
+        r = tok_bleu_mod.literature_bleu(hyps, refs, opts.lang or "en", opts.lowercase)
+        sig = tok_bleu_mod.literature_signature(opts.lang or "en", opts.lowercase)
+        details = {"precisions": r.precisions, "bp": r.bp, "ratio": r.ratio,
+                   "hyp_len": r.hyp_len, "ref_len": r.ref_len}
+        return MetricScore(metric, "multi-BLEU", r.score, sig,
+                           f"multi-BLEU|{sig} = {r.format()}", details, round(r.score, 2))
     return _bracket(hyps, refs, opts)
 
 
@@ -155,6 +164,10 @@ def sentence_scores(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[st
         lang = opts.lang or "en"
         return [tok_bleu_mod.tok_bleu([h], [[r] for r in rs], lang, not opts.pretokenized,
                                       True, opts.lowercase, opts.normalize_quotes).score
+                for h, *rs in zip(hyps, *refs)]
+    if metric == "multi-bleu":
+        lang = opts.lang or "en"
+        return [tok_bleu_mod.literature_bleu([h], [[r] for r in rs], lang, opts.lowercase).score
                 for h, *rs in zip(hyps, *refs)]
     res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag, opts.names)
     return [s.f1 for s in res.sentences]

@@ -151,6 +151,34 @@ def tok_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str = "en
     return multi_bleu(h, r, lowercase)
 
 
+def literature_prepare(line: str, lang: str, lowercase: bool) -> str:
+    """One line as the Multi30k literature scores it (the dataset's ``task1-tokenize.sh``):
+    ``lowercase.perl`` (when ``lowercase``), ``normalize-punctuation.perl -l LANG``, then
+    ``tokenizer.perl -l LANG`` (escaping on, no ``-a``); no compound splitting."""
+    from nmt.data import moses
+
+    if lowercase:
+        line = line.lower()
+    return moses.tokenize(moses.punct_normalizer(lang).normalize(line), lang, escape=True)
+
+
+def literature_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str,
+                    lowercase: bool) -> TokBleu:
+    """multi-bleu.perl on hypotheses and references prepared by :func:`literature_prepare`:
+    the protocol of the Multi30k papers (e.g. Wu et al. 2021), which score lowercased,
+    punctuation-normalized, Moses-tokenized text."""
+    h = [literature_prepare(x, lang, lowercase) for x in hyps]
+    r = [[literature_prepare(x, lang, lowercase) for x in ref] for ref in refs]
+    return multi_bleu(h, r)
+
+
+def literature_signature(lang: str, lowercase: bool) -> str:
+    import sacremoses
+
+    return (f"tok:moses-{lang}|norm:moses-punct|case:{'lc' if lowercase else 'mixed'}|"
+            f"smooth:none|version:sacremoses-{getattr(sacremoses, '__version__', '?')}")
+
+
 def signature(lang: str, tokenize: bool, compound_split: bool, lowercase: bool,
               normalize_quotes: bool = True) -> str:
     import sacremoses
