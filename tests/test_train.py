@@ -8,7 +8,7 @@ from nmt.data.batching import collate
 from nmt.checkpoint import load_checkpoint
 from nmt.training.loop import TrainConfig, train
 from nmt.training.loss import label_smoothed_nll_loss
-from nmt.training.optim import InverseSqrtSchedule, cyclic_lr, make_optimizer, noam_lr
+from nmt.training.optim import LRSchedule, cyclic_lr, make_optimizer, noam_lr
 from nmt.training.trainer import Trainer
 
 from train_support import FakeData
@@ -36,7 +36,7 @@ def test_schedule_sets_the_optimizer_lr_per_update():
     p = torch.nn.Parameter(torch.zeros(3))
     opt = make_optimizer([p])
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
-    sched = InverseSqrtSchedule(opt, d_model=256, warmup=50)
+    sched = LRSchedule(opt, d_model=256, warmup=50)
     seen = []
     for _ in range(120):
         seen.append(sched.prepare_step())
@@ -51,7 +51,7 @@ def test_schedule_sets_the_optimizer_lr_per_update():
 def test_lr_period_runs_cosine_cycles_that_restart_on_eq5():
     p = torch.nn.Parameter(torch.zeros(3))
     opt = make_optimizer([p])
-    sched = InverseSqrtSchedule(opt, d_model=256, warmup=50, period=100)
+    sched = LRSchedule(opt, d_model=256, warmup=50, period=100)
     seen = []
     for _ in range(350):
         seen.append(sched.prepare_step())

@@ -13,6 +13,8 @@ from nmt.errors import UsageError
 from nmt.options import option
 
 METRICS = ("loss", "bleu", "chrf", "bracket-f1")
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 DEFAULT_ARCH = "transformer_base"   # --arch when neither it nor --init-from is given
 
 
@@ -72,6 +74,22 @@ class TrainConfig:
                             "anneals to near zero, so the checkpoint at a cycle's end is an "
                             "annealed snapshot; make --save-interval-updates divide N and "
                             "--warmup (0: eq. 5 alone, as the paper).", metavar="N")
+    lr: float | None = option(None, "Peak learning rate, reached at the end of the warm-up (as "
+                              "fairseq's --lr): with --lr-scheduler noam it replaces "
+                              "--lr-scale (eq. 5 scaled to peak at LR); inverse_sqrt and cosine "
+                              "need it.", metavar="LR")
+    lr_scheduler: str = option(
+        "noam", "noam (the paper's eq. 5, with --lr-scale or --lr, and --lr-period), "
+        "inverse_sqrt (fairseq's: linear warm-up from --warmup-init-lr to --lr, then lr * "
+        "sqrt(warmup / updates)) or cosine (the same warm-up, then half a cosine down to "
+        "--min-lr at --max-update).", choices=SCHEDULES)
+    warmup_init_lr: float = option(0.0, "inverse_sqrt and cosine: the learning rate of the "
+                                   "first update (fairseq's default, 0).")
+    min_lr: float = option(0.0, "cosine: the learning rate reached at --max-update.")
+    optimizer: str = option("adam", "adam (the paper's; --weight-decay adds an L2 term to the "
+                            "gradients) or adamw (decoupled weight decay, which is what "
+                            "fairseq's adam does with --weight-decay).", choices=OPTIMIZERS)
+    weight_decay: float = option(0.0, "Weight decay (0: none, as the paper).")
     clip_norm: float = option(0.0, "Clip the gradient norm to this value (0: no clipping, as "
                               "the paper).")
     seed: int = option(1, "Seed for initialisation, dropout and batch order.")
@@ -178,6 +196,7 @@ class TrainConfig:
             raise UsageError("--max-time, --save-interval-minutes and --clip-norm must be >= 0")
         if self.lr_scale <= 0:
             raise UsageError("--lr-scale must be > 0")
+        self._check_schedule()
         if (self.max_update == 0 and self.max_epoch == 0 and self.max_time == 0
                 and self.patience == 0):
             raise UsageError("give a stopping criterion: --max-update, --max-epoch, --max-time "
@@ -191,5 +210,27 @@ class TrainConfig:
         if self.init_from == "":
             raise UsageError("--init-from needs a checkpoint path")
 
+    def _check_schedule(self) -> None:
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError("--lr must be > 0")
+        if self.weight_decay < 0 or self.warmup_init_lr < 0 or self.min_lr < 0:
+            raise UsageError("--weight-decay, --warmup-init-lr and --min-lr must be >= 0")
+        if self.lr_scheduler == "noam":
+            if self.lr is not None and self.lr_scale != 1.0:
+                raise UsageError("--lr and --lr-scale both set the peak of eq. 5: give one")
+            return
+        name = f"--lr-scheduler {self.lr_scheduler}"
+        if self.lr is None:
+            raise UsageError(f"{name} needs --lr, the peak learning rate")
+        if self.lr_scale != 1.0 or self.lr_period:
+            raise UsageError(f"--lr-scale and --lr-period go with --lr-scheduler noam, not "
+                             f"{self.lr_scheduler}")
+        if self.warmup_init_lr > self.lr or self.min_lr > self.lr:
+            raise UsageError("--warmup-init-lr and --min-lr must not exceed --lr")
+        if self.lr_scheduler == "cosine" and self.max_update <= self.warmup:
+            raise UsageError(f"{name} needs --max-update beyond --warmup (where the cosine "
+                             f"reaches --min-lr)")
 
-__all__ = ["TrainConfig", "METRICS", "DEFAULT_ARCH", "parse_duration"]
+
+__all__ = ["TrainConfig", "METRICS", "OPTIMIZERS", "SCHEDULES", "DEFAULT_ARCH",
+           "parse_duration"]

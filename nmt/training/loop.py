@@ -32,6 +32,7 @@ from nmt.training.distributed import (DistInfo, all_gather_object, barrier, coll
                                       env_dist_info, init_distributed, pick_device,
                                       shutdown_distributed)
 from nmt.training.meter import Meter, memory_stats
+from nmt.training.optim import ScheduleSpec
 from nmt.training.policy import Decision, Policy
 from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
@@ -107,9 +108,11 @@ class Run(EndOfRun):
         set_dropout_masks(self.model, cfg.dropout_masks)
         # Different dropout masks per rank; rank 0 keeps the single-process stream.
         torch.manual_seed(cfg.seed + 1000 * self.info.rank)
+        schedule = ScheduleSpec(cfg.lr_scheduler, cfg.warmup, cfg.lr_scale, cfg.lr_period, cfg.lr,
+                                cfg.warmup_init_lr, cfg.min_lr, cfg.max_update)
         self.trainer = Trainer(self.model, label_smoothing=self.model_cfg.label_smoothing,
-                               d_model=self.model_cfg.d_model, warmup=cfg.warmup,
-                               lr_scale=cfg.lr_scale, lr_period=cfg.lr_period,
+                               d_model=self.model_cfg.d_model, schedule=schedule,
+                               optimizer=cfg.optimizer, weight_decay=cfg.weight_decay,
                                clip_norm=cfg.clip_norm,
                                precision=cfg.precision, device=self.device,
                                dist_info=self.info)

@@ -20,6 +20,9 @@ HOW_TO_RESTART = "use --no-resume to start afresh, or another --save-dir"
 
 # TrainConfig fields that change the optimisation of a resumed run, with their option names.
 RUN_OPTIONS = {"warmup": "--warmup", "lr_scale": "--lr-scale", "lr_period": "--lr-period",
+               "lr": "--lr", "lr_scheduler": "--lr-scheduler",
+               "warmup_init_lr": "--warmup-init-lr", "min_lr": "--min-lr",
+               "optimizer": "--optimizer", "weight_decay": "--weight-decay",
                "clip_norm": "--clip-norm", "seed": "--seed", "dropout_masks": "--dropout-masks",
                "max_tokens": "--max-tokens", "max_sentences": "--max-sentences",
                "update_freq": "--update-freq"}

@@ -2,7 +2,7 @@
 
 An update (``train_step``) runs ``update_freq`` micro-batches forward/backward, sums their losses
 and gradients, sums those again across ranks, divides once by the update's number of target
-tokens, optionally clips, and makes one Adam step at the learning rate of eq. 5.
+tokens, optionally clips, and makes one Adam step at the learning rate of the schedule (eq. 5 by default).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from nmt.data.batching import Batch, dummy_batch
 from nmt.runtime import check_precision
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss
-from nmt.training.optim import InverseSqrtSchedule, make_optimizer
+from nmt.training.optim import LRSchedule, ScheduleSpec, make_optimizer
 from nmt.training.policy import StepSignals
 
 log = logging.getLogger("nmt.train")
@@ -46,7 +46,8 @@ class StepStats:
 class Trainer:
     def __init__(self, model: nn.Module, *, label_smoothing: float, d_model: int,
                  warmup: int = 4000, lr_scale: float = 1.0, lr_period: int = 0,
-                 clip_norm: float = 0.0, precision: str = "fp32",
+                 schedule: ScheduleSpec | None = None, optimizer: str = "adam",
+                 weight_decay: float = 0.0, clip_norm: float = 0.0, precision: str = "fp32",
                  device: torch.device | str = "cpu",
                  dist_info: DistInfo | None = None, pad_idx: int = 0):
         self.device = torch.device(device)
@@ -63,9 +64,10 @@ class Trainer:
             self.wrapped = DDP(self.criterion, device_ids=ids)
             self.wrapped.register_comm_hook(None, sum_allreduce_hook)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params)
-        self.schedule = InverseSqrtSchedule(self.optimizer, d_model, warmup, lr_scale,
-                                            lr_period)
+        self.optimizer = make_optimizer(self.params, kind=optimizer, weight_decay=weight_decay)
+        # ``schedule`` gives the whole schedule; without it, eq. 5 with warmup/lr_scale/lr_period
+        self.schedule = LRSchedule(self.optimizer, d_model, schedule or ScheduleSpec(
+            warmup=warmup, scale=lr_scale, period=lr_period))
         self.clip_norm = clip_norm
         self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 7)
                        if precision == "fp16" else None)
