@@ -37,17 +37,25 @@ def register_arch(name: str, description: str = "") -> Callable[[Callable[[], Mo
     return deco
 
 
+def _with_plugins() -> dict[str, ArchEntry]:
+    """The registry after the installed plugins (nmt.plugins) have registered theirs."""
+    from nmt.plugins import load_entry_points
+
+    load_entry_points()
+    return _REGISTRY
+
+
 def list_archs() -> list[str]:
-    return list(_REGISTRY)
+    return list(_with_plugins())
 
 
 def arch_entries() -> list[ArchEntry]:
-    return list(_REGISTRY.values())
+    return list(_with_plugins().values())
 
 
 def get_arch(name: str, overrides: Mapping[str, Any] | None = None) -> ModelConfig:
     """A fresh config for preset ``name``, with optional validated overrides."""
-    if name not in _REGISTRY:
+    if name not in _REGISTRY and name not in _with_plugins():
         raise UsageError(f"unknown architecture '{name}'{suggest(name, _REGISTRY)}; "
                          f"choose from: {', '.join(_REGISTRY)}")
     cfg = dataclasses.replace(_REGISTRY[name].builder(), arch=name)

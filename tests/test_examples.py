@@ -128,7 +128,7 @@ def test_multi30k_literature_dry_run(tmp_path):
     assert "--vocab-size 10000" in pre and "data-bin-10000" in train
     for opt in ("--arch transformer_tiny -o encoder_layers=4 -o decoder_layers=4 -o d_model=128 "
                 "-o d_ff=256 -o heads=4 -o dropout=0.3", "--max-update 8000", "--warmup 2000",
-                "--lr-scale 2.53", "--average-last 10"):
+                "--lr-scale 2.53", "--average-last 10", "--validate-interval-updates 1000"):
         assert opt in train
     assert "checkpoints-literature/checkpoint_avg10.pt" in gen
     assert "--metric multi-bleu --lowercase --lang de" in lit

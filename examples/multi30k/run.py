@@ -83,7 +83,8 @@ RECIPES = {
         "transformer_tiny", ("encoder_layers=4", "decoder_layers=4", "d_model=128", "d_ff=256",
                              "heads=4", "dropout=0.3"), 8000, 2000, 2.53,
         ("--save-interval-updates", "200", "--keep-last", "12", "--average-last", "10",
-         "--valid-bleu", "--validate-after-updates", "2000"), True, vocab=10000, average_n=10),
+         "--valid-bleu", "--validate-interval-updates", "1000"), True, vocab=10000,
+        average_n=10),
 }
 
 

@@ -97,6 +97,10 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     stop, even kill -9, the same command resumes from the newest intact checkpoint.
     """
     setup_runtime(verbose, quiet, threads)
+    if options.get("user_dir"):
+        from nmt.plugins import load_user_dir
+
+        load_user_dir(options["user_dir"])
     if list_archs:
         list_archs_table(vocab_size)
         return

@@ -51,6 +51,10 @@ class TrainConfig:
                               short="-a")
     overrides: dict = option(None, "Change a model hyperparameter, e.g. -o dropout=0.3 -o "
                              "layers=4 (repeatable; unknown keys are an error).", cli=False)
+    user_dir: str | None = option(
+        None, "Import this folder (a package with an __init__.py) or .py file first: it "
+        "registers architectures with nmt.register_arch, e.g. for --arch my_arch. Installed "
+        "packages can do the same through the 'nmt.plugins' entry-point group.", metavar="DIR")
     init_from: str | None = option(
         None, "Start from this checkpoint's weights (fine-tuning, domain adaptation): the "
         "model configuration comes from it (only dropout, attention_dropout, "
