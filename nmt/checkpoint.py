@@ -48,8 +48,39 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike) -> Path:
     except OSError as e:
         raise NmtError(f"{dest.parent}: cannot create directory ({e.strerror})") from None
     with atomic_write(dest, "wb") as f:
-        torch.save(dict(ckpt), f)
+        _torch_save(dict(ckpt), f)
     return dest
+
+
+class _WriteRecorder:
+    """The file torch.save writes to, keeping the OSError of a failed write: torch.save turns
+    it into a RuntimeError ("[enforce fail at inline_container.cc...] unexpected pos") that no
+    longer says why (a full disk, a file size limit, a quota) nor names the file."""
+
+    def __init__(self, f):
+        self._f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name: str) -> Any:       # flush, fileno, ...: the file's own
+        return getattr(self._f, name)
+
+
+def _torch_save(obj: Any, f) -> None:
+    """torch.save, the only one in nmt: a failed write raises the OSError behind it, which
+    atomic_write reports as 'PATH: cannot write (No space left on device)'."""
+    out = _WriteRecorder(f)
+    try:
+        torch.save(obj, out)
+    except RuntimeError:
+        if out.error is None:
+            raise
+        raise out.error from None
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

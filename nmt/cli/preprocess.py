@@ -6,12 +6,18 @@ Prints exactly one line on stdout, the data directory's absolute path, so that
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
 import click
 from rich.table import Table
 
 from nmt.cli.common import Command, console, handle_errors, make_progress, setup_logging
 from nmt.cli.options import build_config, config_options, log_options
 from nmt.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
+from nmt.errors import NmtError
+from nmt.lock import WriterLock, make_directories, remove_if_empty
 
 EPILOG = """\b
 Examples:
@@ -32,17 +38,36 @@ def main(verbose: bool, quiet: bool, **options):
     """Learn subwords on parallel text and binarize it into a data directory for nmt-train.
 
     Reads PREFIX.SRC / PREFIX.TGT line-aligned UTF-8 files. Prints the data directory's path.
+    A second nmt-preprocess into a --destdir being built stops at once, naming the first's PID.
     """
     setup_logging(verbose, quiet)
     cfg = build_config(PreprocessConfig, options)
-    if quiet:           # -q: warnings and errors only, no progress bar or summary
-        result = preprocess(cfg)
-    else:
-        with make_progress() as progress:
-            result = preprocess(cfg, progress)
-        if not result.up_to_date:
-            console.print(summary_table(result))
+    with destination_lock(cfg.destdir):
+        if quiet:           # -q: warnings and errors only, no progress bar or summary
+            result = preprocess(cfg)
+        else:
+            with make_progress() as progress:
+                result = preprocess(cfg, progress)
+            if not result.up_to_date:
+                console.print(summary_table(result))
     click.echo(str(result.path))
+
+
+@contextmanager
+def destination_lock(destdir: str) -> Iterator[None]:
+    """One nmt-preprocess per --destdir: the directory is built under a temporary name and
+    renamed into place, so the lock is a file beside it, .DEST.lock (nmt.lock)."""
+    dest = Path(destdir).expanduser().absolute()
+    try:
+        created = make_directories(dest.parent)
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot create the data directory ({e.strerror or e})") from None
+    try:
+        with WriterLock(dest.parent / f".{dest.name}.lock", dest, "nmt-preprocess",
+                        "wait for it to finish, or give another --destdir"):
+            yield
+    finally:
+        remove_if_empty(created)
 
 
 def summary_table(result: PreprocessResult) -> Table:

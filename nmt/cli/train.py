@@ -17,7 +17,7 @@ import click
 from nmt.cli.common import (Command, console, handle_errors, make_progress, read_path_from_stdin,
                             setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
-from nmt.errors import UsageError
+from nmt.errors import NmtError, UsageError
 from nmt.training.config import TrainConfig
 
 log = logging.getLogger("nmt.train")
@@ -95,6 +95,10 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     Interruptions: SIGINT (Ctrl-C) or SIGTERM finish the current update, save a checkpoint
     and exit with 130 or 143 (nothing on stdout); a second signal stops at once. After any
     stop, even kill -9, the same command resumes from the newest intact checkpoint.
+
+    \b
+    One writer per directory: a second nmt-train (or nmt-train --average) into a SAVE_DIR
+    in use stops at once, naming the running one's PID.
     """
     setup_runtime(verbose, quiet, threads)
     if options.get("user_dir"):
@@ -155,8 +159,24 @@ def average_mode_main(inputs, output) -> None:
         raise UsageError("--average needs checkpoint paths")
     if not output:
         raise UsageError("--average needs --output FILE")
+    from pathlib import Path
+
+    from nmt.lock import LOCK_NAME, WriterLock, make_directories, remove_if_empty
     from nmt.training.average import average_to_file
-    path = average_to_file(list(inputs), output)
+
+    # One writer per directory: not into the save directory of a running nmt-train (its
+    # files, or its clean-up of temporaries, would meet this write), nor beside another one.
+    where = Path(output).absolute().parent
+    try:
+        created = make_directories(where)
+    except OSError as e:
+        raise NmtError(f"{where}: cannot create directory ({e.strerror or e})") from None
+    try:
+        with WriterLock(where / LOCK_NAME, where, "nmt-train --average",
+                        "wait for it to finish, or write the average elsewhere"):
+            path = average_to_file(list(inputs), output)
+    finally:
+        remove_if_empty(created)
     click.echo(str(path.resolve()))
 
 

@@ -137,7 +137,11 @@ class TrainConfig:
     resume: bool = option(True, "Continue from the newest intact checkpoint in SAVE_DIR "
                           "(checkpoint_last.pt or checkpoint_<update>.pt; unreadable ones are "
                           "skipped with a warning): same weights, optimizer, learning rate, RNG "
-                          "and next batch.", negatable=True)
+                          "and next batch. --no-resume starts afresh and first moves the "
+                          "previous run's files (checkpoints, train_log.jsonl, curves.png, "
+                          "ensemble listings) into SAVE_DIR/previous-<date>-<time>/, so that a "
+                          "later resume cannot mix the two runs; nothing is deleted.",
+                          negatable=True)
     # --- validation ----------------------------------------------------------------------------
     validate_interval_updates: int | None = option(None, "Validate every N updates [default: "
                                                    "at every save].")
@@ -198,6 +202,8 @@ class TrainConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
         if self.max_time < 0 or self.save_interval_minutes < 0 or self.clip_norm < 0:
             raise UsageError("--max-time, --save-interval-minutes and --clip-norm must be >= 0")
+        if self.seed < 0:
+            raise UsageError(f"--seed must be >= 0, got {self.seed}")
         if self.lr_scale <= 0:
             raise UsageError("--lr-scale must be > 0")
         self._check_schedule()

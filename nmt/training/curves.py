@@ -40,8 +40,17 @@ class JsonlLog:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                  for k, v in record.items()}
-        self._f.write(json.dumps(clean, sort_keys=False) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(clean, sort_keys=False) + "\n")
+            self._f.flush()
+        except OSError as e:             # a full disk: name the log, not "output"
+            from nmt.errors import NmtError
+            try:
+                self._f.close()          # retries the flush, fails again, closes anyway
+            except OSError:
+                pass
+            self._f = None
+            raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
 
     def close(self) -> None:
         if self._f is not None:

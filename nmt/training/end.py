@@ -135,7 +135,8 @@ class EndOfRun:
             if top[1].suffix == ".txt":
                 parts.append(f"printed: {final.name}, one checkpoint (ensemble: nmt-generate "
                              f"$(cat {top[1]}))")
-            elif averaged and top[1].name != final.name:
+            elif final in (p for p, _ in averaged) and top[1].name != final.name:
+                # (an ensemble listing alone prints no average: say nothing of one)
                 parts.append(f"printed: the average {final.name}, as --average-last/"
                              f"--average-best ask (use {top[1].name} for the best "
                              f"validation score)")

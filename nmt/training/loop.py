@@ -60,8 +60,30 @@ class Run(EndOfRun):
         self.device = pick_device(cfg.device, self.info)
         init_distributed(self.info, self.device, cfg.ddp_timeout)
         self.save_dir = SaveDir(cfg.save_dir)
+        self._lock_save_dir()
+        try:
+            self._set_up()
+        except BaseException:
+            self.save_dir.release()       # a failed start leaves no empty save directory
+            raise
+
+    def _lock_save_dir(self) -> None:
+        """Rank 0, the only writer, creates and locks SAVE_DIR until run() ends (a second
+        nmt-train into it is refused); the other ranks stop with it when it cannot."""
+        problem = None
         if self.is_main:
-            self.save_dir.prepare()
+            try:
+                self.save_dir.prepare()
+            except NmtError as e:
+                problem = e
+        verdict = all_gather_object(None if problem is None else str(problem), self.info)[0]
+        if problem is not None:
+            raise problem
+        if verdict is not None:
+            raise NmtError(f"rank {self.info.rank}: rank 0 stopped: {verdict}")
+
+    def _set_up(self) -> None:
+        cfg = self.cfg
         # The checkpoint to resume from, looked up once (--init-from needs it before the model).
         self._resume_looked, self._resume_found = False, None
         self._build_model()
@@ -235,9 +257,10 @@ class Run(EndOfRun):
         if self.is_main:
             self.save_dir.remove_stale_temporaries()
         if not self.cfg.resume:
-            if self.is_main and self.save_dir.has_checkpoints():
-                log.warning("--no-resume: starting afresh; the checkpoints in %s will be "
-                            "overwritten", self.save_dir.path)
+            moved = self.save_dir.move_previous_run() if self.is_main else None
+            if moved is not None:
+                log.warning("--no-resume: starting afresh; the previous run's files are in %s",
+                            moved)
             return None
         warn = log.warning if self.is_main else (lambda msg: None)
         self._resume_found = self.save_dir.newest_intact(self.device, warn)
@@ -311,6 +334,13 @@ class Run(EndOfRun):
 
     # --- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
+        """Train to the end; SAVE_DIR is unlocked when this returns or raises."""
+        try:
+            return self._run()
+        finally:
+            self.save_dir.release()
+
+    def _run(self) -> Path:
         resumed = self.try_resume()
         if self.is_main:
             self.jsonl = JsonlLog(self.save_dir.path / "train_log.jsonl", append=resumed)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -25,6 +26,8 @@ log = logging.getLogger("nmt.train")
 
 _NUMBERED = re.compile(r"^checkpoint_(\d+)\.pt$")
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+# What a run writes into its save directory (moved aside as a whole by --no-resume).
+RUN_FILES = ("checkpoint*.pt", "ensemble_best*.txt", "train_log.jsonl", "curves.png")
 
 
 def numbered_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -63,15 +66,38 @@ class SaveDir:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._lock = None
+        self._created: list[Path] = []     # directories that prepare() made
 
     def prepare(self) -> None:
-        """Create it and check that it is writable: fail now, not at the first save."""
+        """Create it, check that it is writable (fail now, not at the first save) and lock it
+        for this process until :meth:`release` (one writer per directory: nmt.lock)."""
+        from nmt.lock import LOCK_NAME, WriterLock, make_directories
+
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self._created = make_directories(self.path)
         except OSError as e:
             raise NmtError(f"{self.path}: cannot create save directory ({e.strerror})") from None
-        if not os.access(self.path, os.W_OK):
-            raise NmtError(f"{self.path}: save directory is not writable")
+        try:
+            if not os.access(self.path, os.W_OK):
+                raise NmtError(f"{self.path}: save directory is not writable")
+            self._lock = WriterLock(self.path / LOCK_NAME, self.path, "nmt-train",
+                                    "wait for it to finish, or give another --save-dir")
+            self._lock.acquire()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Unlock; remove the directory (and the parents that :meth:`prepare` created) when
+        it is still empty: a run that failed before its first save leaves nothing behind."""
+        from nmt.lock import remove_if_empty
+
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+        remove_if_empty(self._created)
+        self._created = []
 
     @property
     def last(self) -> Path:
@@ -102,13 +128,39 @@ class SaveDir:
         return path
 
     def remove_stale_temporaries(self) -> None:
-        """A run killed while saving leaves '.checkpoint_*.tmp' files (never a checkpoint)."""
+        """A run killed while saving leaves '.checkpoint_*.tmp' files (never a checkpoint).
+
+        Only the holder of the directory's lock (:meth:`prepare`) calls this, so no live
+        writer can be saving here: a temporary file is always a dead run's leftover, never a
+        save in progress (two runs in one directory are refused before they get this far)."""
         for p in self.path.glob(".checkpoint*.tmp"):
             try:
                 p.unlink()
                 log.info("removed %s, left by an interrupted save", p)
             except OSError:
                 pass
+
+    def move_previous_run(self) -> Path | None:
+        """--no-resume: move the files of the run in this directory (checkpoints, logs, curves,
+        ensemble listings) into previous-<date>-<time>/ so that a later resume cannot pick up
+        the old run's checkpoints; nothing is deleted. Returns that directory, or None when
+        there was nothing to move."""
+        old = sorted(p for pattern in RUN_FILES for p in self.path.glob(pattern) if p.is_file())
+        if not old:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest, n = self.path / f"previous-{stamp}", 1
+        while dest.exists():
+            n += 1
+            dest = self.path / f"previous-{stamp}-{n}"
+        try:
+            dest.mkdir()
+            for p in old:
+                os.replace(p, dest / p.name)
+        except OSError as e:
+            raise NmtError(f"{self.path}: cannot move the previous run's files into {dest} "
+                           f"({e.strerror or e})") from None
+        return dest
 
     def newest_intact(self, device: torch.device | str = "cpu",
                       warn: Callable[[str], None] = log.warning) -> tuple[Path, dict] | None:
