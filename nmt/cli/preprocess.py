@@ -12,6 +12,7 @@ from rich.table import Table
 from nmt.cli.common import Command, console, handle_errors, make_progress, setup_logging
 from nmt.cli.options import build_config, config_options, log_options
 from nmt.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
+from nmt.io import print_line
 
 EPILOG = """\b
 Examples:
@@ -42,7 +43,7 @@ def main(verbose: bool, quiet: bool, **options):
             result = preprocess(cfg, progress)
         if not result.up_to_date:
             console.print(summary_table(result))
-    click.echo(str(result.path))
+    print_line(str(result.path))
 
 
 def summary_table(result: PreprocessResult) -> Table:
