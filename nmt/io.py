@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import re
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -10,6 +13,8 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from nmt.errors import NmtError
+
+log = logging.getLogger("nmt.io")
 
 
 def _decode_line(raw: bytes, name: str, lineno: int) -> str:
@@ -100,14 +105,50 @@ def check_readable(path: str | os.PathLike, what: str = "file", *,
 
 def temporary_directory_beside(dest: Path, what: str) -> Path:
     """A new private directory in ``dest``'s parent (created if needed), where ``what`` (e.g.
-    "data directory") is built before :func:`install_directory` renames it to ``dest``."""
+    "data directory") is built before :func:`install_directory` renames it to ``dest``.
+
+    Its name records this host and process (``.DEST.tmp-HOST-PID-XXXXXXXX``), so that the
+    temporaries of ``dest`` left by a process that has died (kill -9, a power cut) are
+    recognised and removed here; those of live processes, and of other hosts sharing the
+    file system, are left alone."""
     import tempfile
 
+    prefix = f".{dest.name}.tmp-{_host()}-"
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        _remove_stale_temporaries(dest.parent, prefix)
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=dest.parent))
     except OSError as e:
         raise NmtError(f"{dest}: cannot create the {what} ({e.strerror or e})") from None
+
+
+def _host() -> str:
+    import socket
+
+    # Only characters that are safe in a file name; the name is matched exactly, not parsed.
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def _remove_stale_temporaries(parent: Path, prefix: str) -> None:
+    import shutil
+
+    for entry in parent.iterdir():
+        # mkdtemp's suffix: 8 characters of [a-z0-9_]
+        m = re.fullmatch(r"(\d+)-[a-z0-9_]{8}", entry.name[len(prefix):]) \
+            if entry.name.startswith(prefix) else None
+        if m and not _alive(int(m.group(1))) and entry.is_dir() and not entry.is_symlink():
+            log.info("removing %s, left by process %s, which has ended", entry, m.group(1))
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):   # another user's process; not a pid we wrote
+        return True
+    return True
 
 
 def install_directory(tmp: Path, dest: Path, what: str, fsync_files: bool = False) -> None:
@@ -196,21 +237,69 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
-class LineWriter:
-    """Writes output lines to stdout or a file, flushing per batch, UTF-8, '\\n' endings.
+def write_all(stream: IO[bytes], data: bytes) -> None:
+    """Write every byte of ``data`` to ``stream``. A raw stream (sys.stdout.buffer is one under
+    ``python -u`` and PYTHONUNBUFFERED=1) may take only part of it and return the count: on a
+    nearly full disk, at a file size limit, after a signal; the rest goes in further calls. A
+    write that takes nothing means the device takes no more (ENOSPC); a non-blocking
+    descriptor that is full is waited on."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = stream.write(view)
+        except BlockingIOError as e:        # a buffered writer over a non-blocking descriptor
+            n, full = e.characters_written, True
+        else:
+            full = n is None                # a raw stream over a full non-blocking descriptor
+        if full:
+            _wait_writable(stream)
+        elif n == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n or 0:]
 
-    A failure to write (full disk, quota, I/O error) is a one-line NmtError naming the output,
+
+def _wait_writable(stream: IO[bytes]) -> None:
+    import select
+
+    select.select([], [stream.fileno()], [])
+
+
+@contextmanager
+def output_errors(name: str, stdout: IO[bytes] | None = None) -> Iterator[None]:
+    """A failure to write (full disk, quota, I/O error) inside becomes a one-line NmtError
+    ``NAME: cannot write (REASON)``; a closed pipe stays BrokenPipeError (the commands stop
+    quietly on it). ``stdout``: the stream is stdout, whose unwritten rest is discarded
+    (:func:`discard_stdout`)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        if stdout is not None:
+            discard_stdout(stdout)
+        raise NmtError(f"{name}: cannot write ({e.strerror or e})") from None
+
+
+class LineWriter:
+    """Writes output lines to stdout or a file, UTF-8, '\\n' endings, every byte
+    (:func:`write_all`) or an error.
+
+    A failure to write is a one-line NmtError naming the output (``<stdout>`` for stdout),
     wherever it shows: at a write, at a flush or at the flush of :meth:`close` (a redirected
     stdout is buffered, so a full disk often shows only there). A closed pipe stays
-    BrokenPipeError (the commands stop quietly on it).
+    BrokenPipeError. :meth:`over` wraps a stream opened elsewhere (e.g. by atomic_write).
     """
 
     def __init__(self, path: str | os.PathLike | None):
         self.path = None if path in (None, "-") else Path(path)
         self.name = "<stdout>" if self.path is None else str(self.path)
+        self._stdout: IO[bytes] | None = None
         if self.path is None:
             self._f: IO[bytes] = sys.stdout.buffer
+            self._stdout = self._f
             self._own = False
+            with self._writing():
+                sys.stdout.flush()      # text printed before goes first
         else:
             try:
                 self._f = open(self.path, "wb")
@@ -218,20 +307,24 @@ class LineWriter:
                 raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
             self._own = True
 
-    @contextmanager
-    def _writing(self) -> Iterator[None]:
-        try:
-            yield
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            if not self._own:
-                discard_stdout(self._f)
-            raise NmtError(f"{self.name}: cannot write ({e.strerror or e})") from None
+    @classmethod
+    def over(cls, stream: IO[bytes], name: str) -> "LineWriter":
+        """A writer of the open binary ``stream`` (not closed by :meth:`close`), named ``name``
+        in errors."""
+        self = cls.__new__(cls)
+        self.path, self.name, self._f, self._own, self._stdout = None, name, stream, False, None
+        return self
+
+    def _writing(self):
+        return output_errors(self.name, self._stdout)
 
     def write(self, line: str) -> None:
+        self.write_text(line + "\n")
+
+    def write_text(self, text: str) -> None:
+        """``text`` as it is (the caller ends its lines)."""
         with self._writing():
-            self._f.write(line.encode("utf-8") + b"\n")
+            write_all(self._f, text.encode("utf-8"))
 
     def flush(self) -> None:
         with self._writing():
@@ -247,6 +340,14 @@ class LineWriter:
                     self._f.close()
                 except OSError:
                     pass        # close retried the flush that has just failed and said why
+
+
+def print_line(text: str) -> None:
+    """``text`` and a line break on stdout, every byte, flushed: the one line (a path) that
+    nmt-preprocess, nmt-train and nmt-export print. An error names ``<stdout>``."""
+    out = LineWriter(None)
+    out.write(text)
+    out.flush()
 
 
 def discard_stdout(stream: IO[bytes]) -> None:

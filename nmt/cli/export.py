@@ -11,13 +11,16 @@ line on stdout.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from nmt.cli.common import Command, handle_errors, read_path_from_stdin, setup_logging
 from nmt.cli.options import log_options
+from nmt.errors import UsageError
 from nmt.export import FORMATS, QUANTIZATIONS, export_model
+from nmt.io import print_line
+
+# nmt-generate's --precision names of the weight types that CTranslate2 has.
+PRECISION_NAMES = {"fp32": "float32", "int8": "int8"}
 
 
 @click.command(cls=Command, prog="nmt-export",
@@ -26,25 +29,37 @@ from nmt.export import FORMATS, QUANTIZATIONS, export_model
 @click.argument("out", metavar="OUT")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=FORMATS[0],
               show_default=True, help="What to export to.")
-@click.option("--quantization", type=click.Choice(list(QUANTIZATIONS)), default="float32",
-              show_default=True,
+@click.option("--quantization", type=click.Choice(list(QUANTIZATIONS)), default=None,
               help="Weight type: float32 translates as nmt does (greedy decoding: token for "
                    "token); int8 and int8_float32 (the same for these models: 8-bit weights, "
                    "float32 for the rest) are faster and about 3.5 times smaller, with "
-                   "slightly different translations.")
+                   "slightly different translations.  [default: float32]")
+@click.option("--precision", type=click.Choice(list(PRECISION_NAMES)), default=None,
+              help="The same in nmt-generate's words: fp32 is --quantization float32, int8 "
+                   "is --quantization int8.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists and is not empty.")
 @log_options
 @handle_errors("nmt-export")
-def main(checkpoint, out, fmt, quantization, force, verbose, quiet):
+def main(checkpoint, out, fmt, quantization, precision, force, verbose, quiet):
     """Export checkpoint CKPT ('-': the path piped on stdin, as nmt-train prints it) to the
     model directory OUT. README.txt in OUT says how to tokenize, translate and detokenize with
     CTranslate2 as nmt-generate does."""
     setup_logging(verbose, quiet)
+    quantization = _quantization(quantization, precision)
     if checkpoint == "-":
         checkpoint = read_path_from_stdin("checkpoint")
     dest = export_model(checkpoint, out, format=fmt, quantization=quantization, force=force)
-    sys.stdout.write(f"{dest}\n")
-    sys.stdout.flush()
+    print_line(str(dest))
+
+
+
+def _quantization(quantization: str | None, precision: str | None) -> str:
+    """--quantization, or --precision in its words; both only when they agree."""
+    named = PRECISION_NAMES.get(precision) if precision else None
+    if named and quantization and named != quantization:
+        raise UsageError(f"--precision {precision} (--quantization {named}) contradicts "
+                         f"--quantization {quantization}: give one of them")
+    return quantization or named or "float32"
 
 
 if __name__ == "__main__":

@@ -13,13 +13,16 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
-from typing import IO, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import click
 
-from nmt.cli.common import Command, handle_errors, make_progress, read_path_from_stdin, setup_runtime
+from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
+                            read_path_from_stdin, setup_runtime, signals_deferred,
+                            stop_on_signals)
 from nmt.cli.options import build_config, config_options, runtime_options
-from nmt.errors import NmtError, UsageError
+from nmt.errors import UsageError
+from nmt.io import LineWriter, atomic_write
 from nmt.search.config import GenerateConfig
 
 log = logging.getLogger("nmt.generate")
@@ -54,23 +57,17 @@ def _one_line(text: str) -> str:
 
 
 @contextmanager
-def open_output(path: str | None) -> Iterator[IO[bytes]]:
+def open_output(path: str | None) -> Iterator[LineWriter]:
     """stdout (streamed), or a file written under a temporary name and renamed when complete,
-    so that a crash never leaves a partial file that looks finished."""
+    so that a crash never leaves a partial file that looks finished. Either way every byte is
+    written (nmt.io.write_all) or the error names the output."""
     if path is None or path == "-":
-        try:
-            yield sys.stdout.buffer
-            sys.stdout.buffer.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:    # e.g. a full disk under a redirected stdout
-            from nmt.io import discard_stdout
-            discard_stdout(sys.stdout.buffer)
-            raise NmtError(f"<stdout>: cannot write ({e.strerror or e})") from None
+        out = LineWriter(None)
+        yield out
+        out.close()
         return
-    from nmt.io import atomic_write
     with atomic_write(path, "wb") as f:
-        yield f
+        yield LineWriter.over(f, path)
 
 
 class _Progress:
@@ -123,6 +120,10 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
       nmt-preprocess ... | nmt-train ... | nmt-generate | nmt-score --ref test.de
       nmt-generate ckpt/checkpoint_best.pt < test.en > test.hyp
       nmt-generate a.pt b.pt c.pt -i test.en --output-format jsonl > test.jsonl
+
+    SIGINT (Ctrl-C) or SIGTERM stop it, after the lines being written if any (the output
+    ends with whole lines, those of an uninterrupted run; --output is not written), with exit
+    code 130 or 143; a second signal stops at once.
     """
     setup_runtime(verbose, quiet, threads)
     cfg: GenerateConfig = build_config(GenerateConfig, options)
@@ -153,13 +154,30 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     _log_decoding(translator, cfg, precision)
 
     start = time.perf_counter()
+    writer = _Writer(cfg.output_format, cfg.nbest)
+    with stop_on_signals():
+        try:
+            _generate(translator, cfg, sources, split, writer, quiet)
+        except Interrupted as e:
+            done = (f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
+                    else f"the output holds the first {writer.sentences} lines' translations")
+            raise Interrupted(e.signum, done) from None
+    elapsed = time.perf_counter() - start
+    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
+             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
+             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
+
+
+def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,
+              writer: "_Writer", quiet: bool) -> None:
+    """Translate (or score) what ``cfg`` says into ``writer``'s output."""
     with open_output(cfg.output_path) as out:
-        writer = _Writer(out, cfg.output_format, cfg.nbest)
+        writer.out = out
         if cfg.score_reference:
             from nmt.cli.generate_modes import score_reference
 
             with _Progress(None, quiet) as progress:
-                writer.sentences = score_reference(translator, cfg, out, progress)
+                score_reference(translator, cfg, writer, progress)
         elif split is not None:
             from nmt.search.translator import load_split
 
@@ -169,10 +187,6 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
                 writer(translator.translate_ids(ids, sources=texts, progress=progress))
         else:
             _translate_lines(translator, cfg, writer, quiet)
-    elapsed = time.perf_counter() - start
-    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
-             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
-             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
 
 
 def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> None:
@@ -213,19 +227,26 @@ def _set_tree_constraints(translator, enabled: bool | None) -> None:
 
 
 class _Writer:
-    """Writes each batch's output lines as they come (one flush per batch), counting them."""
+    """Writes each batch's output lines as they come (one flush per batch), whole: a SIGINT or
+    SIGTERM during the write takes effect after it (a reader of a pipe never sees half a
+    line); counts the lines."""
 
-    def __init__(self, out: IO[bytes], output_format: str, nbest: int):
-        self.out, self.output_format, self.nbest = out, output_format, nbest
+    def __init__(self, output_format: str, nbest: int):
+        self.output_format, self.nbest = output_format, nbest
+        self.out: LineWriter | None = None
         self.sentences = self.tokens = 0
 
     def __call__(self, results, texts: list[str] | None = None) -> None:
         if texts is None:
             texts = [format_result(r, self.output_format, self.nbest) for r in results]
-        self.out.write("".join(t + "\n" for t in texts).encode("utf-8"))
-        self.out.flush()
-        self.sentences += len(results)
+        self.write("".join(t + "\n" for t in texts), len(results))
         self.tokens += sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses)
+
+    def write(self, text: str, sentences: int) -> None:
+        with signals_deferred():
+            self.out.write_text(text)
+            self.out.flush()
+            self.sentences += sentences
 
 
 def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None:

@@ -4,7 +4,7 @@ prefixes), alignments added to jsonl output, and scoring given pairs (--score-re
 from __future__ import annotations
 
 import json
-from typing import IO, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from nmt.errors import NmtError
 from nmt.search.config import GenerateConfig
@@ -57,11 +57,12 @@ def alignments(translator, results, layer: int | None) -> list[dict[str, Any]]:
     return out
 
 
-def score_reference(translator, cfg: GenerateConfig, out: IO[bytes],
-                    progress: Callable[[int], None] | None) -> int:
+def score_reference(translator, cfg: GenerateConfig, out,
+                    progress: Callable[[int], None] | None) -> None:
     """--score-reference: one line per input pair (text: total, per-token and normalized
-    log-probability, tab-separated; jsonl: an object). Everything is read and checked before
-    anything is written. Returns the number of pairs."""
+    log-probability, tab-separated; jsonl: an object), written with ``out.write(text,
+    pairs)`` (nmt.cli.generate's writer). Everything is read and checked before anything is
+    written."""
     from nmt.io import read_lines
     from nmt.search.forced import score_pairs
 
@@ -73,8 +74,7 @@ def score_reference(translator, cfg: GenerateConfig, out: IO[bytes],
         text = "".join(json.dumps(s.to_json()) + "\n" for s in scores)
     else:
         text = "".join(f"{s.log_prob:.6f}\t{s.per_token:.6f}\t{s.score:.6f}\n" for s in scores)
-    out.write(text.encode("utf-8"))
-    return len(scores)
+    out.write(text, len(scores))
 
 
 def _pairs(cfg: GenerateConfig, lines: Sequence[str], name: str

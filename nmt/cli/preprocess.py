@@ -17,6 +17,7 @@ from nmt.cli.common import Command, console, handle_errors, make_progress, setup
 from nmt.cli.options import build_config, config_options, log_options
 from nmt.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
 from nmt.errors import NmtError
+from nmt.io import print_line
 from nmt.lock import WriterLock, make_directories, remove_if_empty
 
 EPILOG = """\b
@@ -50,7 +51,7 @@ def main(verbose: bool, quiet: bool, **options):
                 result = preprocess(cfg, progress)
             if not result.up_to_date:
                 console.print(summary_table(result))
-    click.echo(str(result.path))
+    print_line(str(result.path))
 
 
 @contextmanager

@@ -118,7 +118,9 @@ def main(refs, hyp, metrics, as_json, sentence, tokenize, lowercase, force, lang
                                  (refs[0], hyp or "<stdin>"))
         for msg in res.errors:
             log.warning("%s", msg)
-        sys.stdout.write(evalb_mod.format_report(res))
+        out = LineWriter(None)
+        out.write_text(evalb_mod.format_report(res))
+        out.close()
         return
 
     out = LineWriter(None)

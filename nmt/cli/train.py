@@ -18,6 +18,7 @@ from nmt.cli.common import (Command, console, handle_errors, make_progress, read
                             setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError, UsageError
+from nmt.io import print_line
 from nmt.training.config import TrainConfig
 
 log = logging.getLogger("nmt.train")
@@ -151,7 +152,7 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
 
         path = train(cfg, data, str(Path(data_dir).resolve()), progress)
     if env_dist_info().is_main:
-        click.echo(str(path))
+        print_line(str(path))
 
 
 def average_mode_main(inputs, output) -> None:
@@ -177,7 +178,7 @@ def average_mode_main(inputs, output) -> None:
             path = average_to_file(list(inputs), output)
     finally:
         remove_if_empty(created)
-    click.echo(str(path.resolve()))
+    print_line(str(path.resolve()))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,24 @@ def _sacre_metric(metric: str, opts: ScoreOptions, refs: Sequence[Sequence[str]]
         return TER(references=refs)
     except (ImportError, RuntimeError, ValueError, OSError) as e:
         # e.g. a tokenizer whose optional package (mecab, sentencepiece model) is missing
+        from urllib.error import URLError
+
+        if isinstance(e, URLError):
+            raise NmtError(_download_failed(opts.tokenize, e)) from None
         raise NmtError(f"sacreBLEU {metric}: {type(e).__name__}: {e}") from None
+
+
+def _download_failed(tokenize: str | None, e) -> str:
+    """The error of a sacreBLEU tokenizer (spm, flores101, flores200) whose model sacreBLEU
+    downloads on first use, when the download failed (offline, a proxy)."""
+    from sacrebleu.utils import SACREBLEU_DIR
+
+    reason = getattr(e, "reason", e)
+    reason = getattr(reason, "strerror", None) or reason
+    return (f"--tokenize {tokenize}: sacreBLEU needs to download its model for this tokenizer "
+            f"into {SACREBLEU_DIR}/models (the SACREBLEU environment variable moves it) and "
+            f"could not ({' '.join(str(reason).split())}); run it once with network access, "
+            f"or copy the model there")
 
 
 def _strip(lines: Sequence[str]) -> list[str]:

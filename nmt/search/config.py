@@ -158,7 +158,8 @@ class GenerateConfig:
         False, "Score given pairs instead of translating: for each input line, the model's "
                "log-probability of its target (jsonl \"target\", or the same line of "
                "--reference). Text output: total, per-token and length-normalized "
-               "log-probability, tab-separated; jsonl: an object with all three.")
+               "log-probability, tab-separated; jsonl: an object with all three. Not with "
+               "--nbest, --sampling or --print-alignment.")
     reference: str | None = option(
         None, "--score-reference with text input: the targets, one per line of the input.",
         metavar="PATH")
@@ -212,9 +213,9 @@ class GenerateConfig:
             raise UsageError("--align-layer goes with --print-alignment")
         if self.reference is not None and not self.score_reference:
             raise UsageError("--reference goes with --score-reference")
-        if self.score_reference and (self.sampling or self.print_alignment):
-            raise UsageError("--score-reference scores given pairs: it does not go with "
-                             "--sampling or --print-alignment")
+        if self.score_reference and (self.sampling or self.print_alignment or self.nbest != 1):
+            raise UsageError("--score-reference scores given pairs, one score per pair: it "
+                             "does not go with --sampling, --print-alignment or --nbest")
         if self.score_reference and self.input_format == "text" and self.reference is None:
             raise UsageError("--score-reference needs the targets: --reference FILE, or "
                              "--input-format jsonl with a \"target\" on each line")

@@ -113,7 +113,7 @@ def score_ids(translator, source_ids: Sequence[Sequence[int] | np.ndarray],
                 n = tgts[i].size + 1
                 ts = lprobs[r, :n].tolist()
                 total = float(sum(ts))
-                results[i] = PairScore(i, total, total / n,
+                results[i] = PairScore(first_line - 1 + i, total, total / n,
                                        total / length_penalty(n, alpha), n, ts, truncated[i])
             if progress is not None:
                 progress(len(rows))

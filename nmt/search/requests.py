@@ -32,6 +32,10 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     except json.JSONDecodeError as e:
         raise NmtError(f"{where}: not JSON ({e.msg} at character {e.pos + 1}); "
                        f"--input-format jsonl reads one object per line") from None
+    except RecursionError:
+        # Python's parser recurses per bracket: ~1000 nested ones exceed its stack.
+        raise NmtError(f"{where}: JSON nested too deeply for the parser; --input-format "
+                       f"jsonl reads one flat object per line") from None
     if not isinstance(obj, dict):
         raise NmtError(f"{where}: expected a JSON object with \"source\", got "
                        f"{_JSON_TYPES.get(type(obj), type(obj).__name__)}")

@@ -168,7 +168,8 @@ class Translator:
         """Rich results (scores, tokens, n-best) for raw sentences, in input order.
 
         ``progress(n)`` is called after each batch with the number of sentences it finished;
-        ``first_line`` is the line number of ``lines[0]`` in warnings. ``prefixes`` (one per
+        ``first_line`` is the 1-based line number of ``lines[0]`` in the whole input (for
+        warnings and each result's ``index``, ``first_line - 1`` for it). ``prefixes`` (one per
         line, None or "" for none): raw target text each translation must start with; it is
         encoded with the target codec and beam search continues after it.
         """
@@ -199,7 +200,9 @@ class Translator:
         n = len(ids)
         if sources is None:
             sources = [self.src_codec.decode(x) for x in ids]
-        results = [Translation(i, sources[i]) for i in range(n)]
+        # The index is the 0-based line of the whole input ("id" in jsonl output), not of this
+        # call's chunk: a command translating a stream chunk by chunk passes ``first_line``.
+        results = [Translation(first_line - 1 + i, sources[i]) for i in range(n)]
         arrays: list[np.ndarray] = []
         for i, x in enumerate(ids):
             a, results[i].truncated = self.source_array(x, first_line + i)
