@@ -149,6 +149,13 @@ def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
     if not isinstance(ckpt["model"], dict) or not all(
             isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
         raise NmtError(f"{name}: incomplete checkpoint, 'model' is not a tensor dictionary")
+    for key in ("src_lang", "tgt_lang", "data_dir"):
+        if ckpt.get(key) is not None and not isinstance(ckpt[key], str):
+            raise NmtError(f"{name}: '{key}' is not a string")
+    # Before anything is built from it: the configuration must be what the tensors hold.
+    from nmt.checkpoint_shapes import check_weights
+
+    check_weights(ckpt, name)
 
 
 def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torch.Tensor],
@@ -199,10 +206,17 @@ def codecs_from_checkpoint(ckpt: Mapping[str, Any], name: str = "checkpoint"):
     """(source, target) TextCodec objects rebuilt from a checkpoint."""
     from nmt.data.codec import TextCodec  # late: needs sentencepiece etc.
 
-    try:
-        return TextCodec.from_state(ckpt["src_codec"]), TextCodec.from_state(ckpt["tgt_codec"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise NmtError(f"{name}: checkpoint has an unreadable text codec ({e})") from None
+    codecs = []
+    for side in ("src", "tgt"):
+        try:
+            codecs.append(TextCodec.from_state(ckpt[f"{side}_codec"]))
+        except NmtError as e:     # e.g. a sentencepiece model that does not parse
+            raise NmtError(f"{name}: {side}_codec: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            reason = " ".join(str(e).split())[:60]
+            raise NmtError(f"{name}: checkpoint has an unreadable {side}_codec "
+                           f"({type(e).__name__}: {reason})") from None
+    return tuple(codecs)
 
 
 def vocab_sizes(ckpt: Mapping[str, Any]) -> tuple[int, int]:

@@ -8,11 +8,21 @@ type-checked here: an unknown key is an error with a suggestion, never silently 
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
 from nmt.errors import UsageError, suggest
+
+
+# Upper bounds, checked by ModelConfig.validate: generous for real models (the presets stay far
+# below), and what keeps a checkpoint's configuration from asking for an absurd allocation
+# that no tensor shape shows (sinusoid tables of max_positions rows, export's position rows
+# from max_len_a/max_len_b, beams); nmt.checkpoint_shapes checks the rest against the tensors.
+LIMITS = {"encoder_layers": 1024, "decoder_layers": 1024, "d_model": 65536, "d_ff": 1 << 20,
+          "heads": 4096, "d_k": 65536, "d_v": 65536, "max_positions": 65536, "beam": 1024,
+          "max_len_a": 64, "max_len_b": 65536}
 
 
 @dataclass
@@ -83,6 +93,13 @@ class ModelConfig:
             raise bad(f"activation must be 'relu' or 'gelu', got '{self.activation}'")
         if self.lenpen < 0:
             raise bad(f"lenpen must be >= 0, got {self.lenpen}")
+        for name in ("lenpen", "max_len_a", "layer_norm_eps"):
+            if not math.isfinite(getattr(self, name)):
+                raise bad(f"{name} must be a finite number, got {getattr(self, name)}")
+        for name, limit in LIMITS.items():
+            v = getattr(self, name)
+            if v is not None and v > limit:
+                raise bad(f"{name} {v} is beyond the limit {limit}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,4 +190,4 @@ def apply_overrides(cfg: ModelConfig, overrides: Mapping[str, Any],
 
 # Training and data configs live beside the code that uses them (nmt.training, nmt.data), but
 # the model config is here because every command needs it.
-__all__ = ["ModelConfig", "apply_overrides", "parse_overrides", "config_keys", "field"]
+__all__ = ["ModelConfig", "LIMITS", "apply_overrides", "parse_overrides", "config_keys", "field"]

@@ -16,6 +16,7 @@ import numpy as np
 from nmt.data.codec import TextCodec
 from nmt.data.dictionary import Dictionary
 from nmt.data.indexed import IndexedDataset, ParallelDataset, shard_prefix
+from nmt.data.metaschema import check_meta, confined
 from nmt.data.subword import load_model
 from nmt.errors import NmtError
 from nmt.io import write_text_atomic
@@ -50,17 +51,24 @@ def write_codec(directory: Path, lang: str, codec: TextCodec) -> dict[str, Any]:
     return entry
 
 
-def read_codec(directory: Path, kind: str, entry: dict[str, Any]) -> TextCodec:
+def read_codec(directory: Path, kind: str, entry: dict[str, Any], lang: str) -> TextCodec:
+    """The codec of ``lang`` from its meta.json ``entry`` (checked by check_meta already)."""
     directory = Path(directory)
-    dictionary = Dictionary.load(directory / entry["dict"])
-    model_path = directory / entry["model"] if entry.get("model") else None
+    meta_path = directory / META
+    dict_path = confined(directory, entry["dict"], f"vocab.{lang}.dict", meta_path)
+    dictionary = Dictionary.load(dict_path)
+    model_path = (confined(directory, entry["model"], f"vocab.{lang}.model", meta_path)
+                  if entry.get("model") else None)
     subword = load_model(kind, model_path, dictionary)
     if kind != "none":
         expected = subword.dictionary()
         if expected != dictionary:
-            raise NmtError(f"{directory / entry['dict']}: does not match the subword model "
-                           f"{model_path}")
+            raise NmtError(f"{dict_path}: does not match the subword model {model_path}")
         # Counts come from dict.txt (corpus frequencies), symbols from the model.
+    size = entry.get("size")
+    if size is not None and size != len(dictionary):
+        raise NmtError(f"{dict_path}: {len(dictionary)} symbols, but {meta_path} says {size} "
+                       f"(corrupt data directory)")
     return TextCodec(subword, dictionary, entry.get("moses_lang"))
 
 
@@ -80,11 +88,13 @@ class DataDir:
         self.subword: str = meta["subword"]
         self.dtype = np.dtype(meta["dtype"])
         vocab = meta["vocab"]
-        self.src_codec: TextCodec = read_codec(self.path, self.subword, vocab[self.src_lang])
+        self.src_codec: TextCodec = read_codec(self.path, self.subword, vocab[self.src_lang],
+                                                self.src_lang)
         if self.joined and vocab[self.tgt_lang].get("moses_lang") == self.src_codec.moses_lang:
             self.tgt_codec: TextCodec = self.src_codec
         else:
-            self.tgt_codec = read_codec(self.path, self.subword, vocab[self.tgt_lang])
+            self.tgt_codec = read_codec(self.path, self.subword, vocab[self.tgt_lang],
+                                        self.tgt_lang)
             if self.joined:
                 # Moses rules differ per language, the vocabulary is shared.
                 self.tgt_codec.dictionary = self.src_codec.dictionary
@@ -110,10 +120,7 @@ class DataDir:
         if version != FORMAT_VERSION:
             raise NmtError(f"{p}: data directory format version {version}, but this nmt reads "
                            f"version {FORMAT_VERSION}; rerun nmt-preprocess")
-        missing = [k for k in ("src_lang", "tgt_lang", "joined", "subword", "dtype", "vocab",
-                               "splits") if k not in meta]
-        if missing:
-            raise NmtError(f"{meta_path}: missing keys {', '.join(missing)}")
+        check_meta(meta, meta_path)
         return cls(p, meta)
 
     def __repr__(self) -> str:
@@ -145,7 +152,8 @@ class DataDir:
 
         def side(lang: str) -> IndexedDataset:
             return IndexedDataset([shard_prefix(self.path, split, lang, k)
-                                   for k in range(n_shards)], self.dtype)
+                                   for k in range(n_shards)], self.dtype,
+                                  vocab_size=len(self.codec(lang).dictionary))
 
         ds = ParallelDataset(side(self.src_lang), side(self.tgt_lang), name=split)
         expected = self.meta["splits"][split].get("sentences")

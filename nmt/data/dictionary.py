@@ -151,10 +151,14 @@ class Dictionary:
         for lineno, line in enumerate(iter_lines(p), 1):
             sym, _, count = line.rpartition(" ")
             if not sym or not count.isdigit():
-                raise NmtError(f"{p}: line {lineno}: expected 'symbol count', got {line[:60]!r}")
+                # The line is not shown: the file may not be a dictionary at all (a crafted
+                # meta.json or --srcdict naming some other file), and its content is not ours
+                # to print.
+                raise NmtError(f"{p}: line {lineno}: not a dictionary line (expected 'symbol "
+                               f"count', a symbol, a space and a number)")
             if sym in SPECIALS:
                 continue
             if sym in d:
-                raise NmtError(f"{p}: line {lineno}: duplicate symbol {sym!r}")
+                raise NmtError(f"{p}: line {lineno}: duplicate symbol {sym[:40]!r}")
             d.add_symbol(sym, int(count))
         return d

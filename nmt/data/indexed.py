@@ -115,9 +115,9 @@ class SplitWriter:
 # --- reading -----------------------------------------------------------------------------------
 
 class IndexedShard:
-    """One memory-mapped shard."""
+    """One memory-mapped shard; with ``vocab_size``, every id is checked to be below it."""
 
-    def __init__(self, prefix: Path, dtype: np.dtype):
+    def __init__(self, prefix: Path, dtype: np.dtype, vocab_size: int | None = None):
         self.prefix = Path(prefix)
         dtype = np.dtype(dtype).newbyteorder("<")
         idx_path, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
@@ -138,6 +138,21 @@ class IndexedShard:
         if len(sizes) and sizes.min() < 0:
             raise NmtError(f"{prefix}: corrupt shard (offsets decrease)")
         self.sizes = sizes.astype(np.int32)
+        if vocab_size is not None:
+            self._check_ids(bin_path, vocab_size)
+
+    def _check_ids(self, bin_path: Path, vocab_size: int) -> None:
+        """An id outside the vocabulary would fail deep inside an embedding lookup; one pass
+        over the mapped file (sequential reads) finds it when the shard is opened."""
+        if not len(self.bin):
+            return
+        high = int(self.bin.max())
+        low = 0 if self.bin.dtype.kind == "u" else int(self.bin.min())   # uint16: no sign
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise NmtError(f"{bin_path}: token id {bad} is outside the vocabulary of "
+                           f"{vocab_size} symbols (corrupt shard, or a dictionary from "
+                           f"another data directory)")
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -149,8 +164,8 @@ class IndexedShard:
 class IndexedDataset:
     """The shards of one split and language, seen as one sequence of sentences."""
 
-    def __init__(self, prefixes: Sequence[Path], dtype: np.dtype):
-        self.shards = [IndexedShard(p, dtype) for p in prefixes]
+    def __init__(self, prefixes: Sequence[Path], dtype: np.dtype, vocab_size: int | None = None):
+        self.shards = [IndexedShard(p, dtype, vocab_size) for p in prefixes]
         counts = np.array([len(s) for s in self.shards], dtype=np.int64)
         # starts[k] = global index of shard k's first sentence
         self._starts = np.concatenate([[0], np.cumsum(counts)])

@@ -67,7 +67,7 @@ class SentencePieceBPE(SubwordModel):
         try:
             self.sp.LoadFromSerializedProto(proto)
         except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
-            raise NmtError(f"invalid sentencepiece model: {' '.join(str(e).split())}") from None
+            raise NmtError(f"not a valid sentencepiece model ({_spm_reason(e)})") from None
         ids = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
         if ids != (PAD, BOS, EOS, UNK):
             raise NmtError(f"sentencepiece model has special ids {ids} (pad, bos, eos, unk); "
@@ -101,7 +101,20 @@ class SentencePieceBPE(SubwordModel):
 
     @classmethod
     def load(cls, path: Path) -> "SentencePieceBPE":
-        return cls(_read_bytes(path))
+        data = _read_bytes(path)
+        try:
+            return cls(data)
+        except NmtError as e:
+            raise NmtError(f"{path}: {e}") from None
+
+
+def _spm_reason(e: Exception) -> str:
+    """sentencepiece's error, without its C++ source location ("INTERNAL: src/....cc(109)
+    [model_proto->ParseFromArray(...)]"), which tells a user nothing."""
+    text = " ".join(str(e).split())
+    if "ParseFromArray" in text:
+        return "it does not parse"
+    return text.replace("INTERNAL: ", "")[:120]
 
 
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int,
@@ -183,7 +196,9 @@ class WordPiece(SubwordModel):
         try:
             self.tok = Tokenizer.from_str(tokenizer_json)
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
-            raise NmtError(f"invalid wordpiece model: {' '.join(str(e).split())}") from None
+            # Short: serde's messages can quote a piece of the text.
+            reason = " ".join(str(e).split())[:80]
+            raise NmtError(f"not a valid wordpiece model ({reason})") from None
         # "</s>" written in the text is text, not an eos in the middle of a sentence.
         self.tok.encode_special_tokens = True
         vocab = self.tok.get_vocab(with_added_tokens=True)
@@ -223,7 +238,14 @@ class WordPiece(SubwordModel):
 
     @classmethod
     def load(cls, path: Path) -> "WordPiece":
-        return cls(_read_bytes(path).decode("utf-8", errors="strict"))
+        data = _read_bytes(path)
+        try:
+            return cls(data.decode("utf-8", errors="strict"))
+        except UnicodeDecodeError as e:
+            raise NmtError(f"{path}: not a valid wordpiece model (invalid UTF-8 at byte "
+                           f"{e.start})") from None
+        except NmtError as e:
+            raise NmtError(f"{path}: {e}") from None
 
 
 def join_wordpieces(pieces: Iterable[str]) -> str:

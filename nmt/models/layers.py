@@ -35,7 +35,11 @@ class SinusoidalPositions(nn.Module):
     def __init__(self, dim: int, initial_length: int = 1024):
         super().__init__()
         self.dim = dim
-        self.register_buffer("table", sinusoid_table(initial_length, dim), persistent=False)
+        # On the meta device (shapes only: nmt.models.transformer.meta_model) the values are
+        # never read, and computing them there would load torch's python decompositions.
+        table = (torch.empty(initial_length, dim) if torch.empty(0).is_meta
+                 else sinusoid_table(initial_length, dim))
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """[length, D] encodings of positions offset .. offset+length-1."""

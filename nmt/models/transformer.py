@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from nmt.config import ModelConfig
 from nmt.errors import UsageError
@@ -236,10 +237,27 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+class _NoRandomInit(TorchFunctionMode):
+    """Random initialization as a no-op: on the meta device it has nothing to fill, and torch
+    runs it there through python decompositions that take seconds to import."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("normal_", "uniform_"):
+            return args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+        return func(*args, **kwargs)
+
+
+def meta_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+               share_all_embeddings: bool = True) -> Transformer:
+    """The model ``cfg`` describes on the meta device: every parameter's name and shape, no
+    storage, so nothing is allocated whatever the sizes (a checkpoint's are checked on it)."""
+    with torch.device("meta"), _NoRandomInit():
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size, share_all_embeddings)
+
+
 def parameter_count(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None,
                     share_all_embeddings: bool = True) -> int:
     """Parameter count of a config without allocating its weights (built on the meta device)."""
     tgt = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
-    with torch.device("meta"):
-        model = Transformer(cfg, src_vocab_size, tgt, share_all_embeddings)
-    return count_parameters(model)
+    return count_parameters(meta_model(cfg, src_vocab_size, tgt, share_all_embeddings))
