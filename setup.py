@@ -33,7 +33,9 @@ setup(
         "matplotlib>=3.7,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5"],
+        # tensorboard: the tests read --tensorboard-logdir's event files back
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5",
+                 "tensorboard>=2.14,<3"],
         "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
         "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
         "export": ["ctranslate2>=4,<5"],           # nmt-export --format ctranslate2

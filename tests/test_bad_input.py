@@ -9,7 +9,9 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -240,22 +242,63 @@ def _no_space(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def test_full_disk_while_saving_a_checkpoint(f, tmp_path, monkeypatch):
-    real_save = torch.save
+class _FillingFile(io.FileIO):
+    """A file on a disk with ``room`` bytes left: a write gets what fits (a short count, as
+    write(2) returns), then ENOSPC. Only this lowest layer is simulated; above it run Python's
+    real buffered writer and torch.save, which raises its own RuntimeError ("[enforce fail at
+    inline_container.cc] unexpected pos"), not an OSError."""
 
-    def save_half_then_fail(obj, fobj, *a, **k):
-        import io
-        buf = io.BytesIO()
-        real_save(obj, buf, *a, **k)
-        fobj.write(buf.getvalue()[:1000])
-        _no_space()
+    room = 4096
 
-    monkeypatch.setattr(torch, "save", save_half_then_fail)
+    def write(self, b):
+        if self.room <= 0:
+            _no_space()
+        n = min(len(b), self.room)
+        self.room -= n
+        return super().write(bytes(b[:n]))
+
+
+def _limit_file_size():
+    # The child's files stop growing at 64 KiB: write(2) then fails with EFBIG ("File too
+    # large"); SIGXFSZ, which would kill it instead, is ignored.
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+
+@pytest.mark.xfail(strict=True, reason="until i29b: torch.save's RuntimeError is an internal "
+                   "error; nmt/checkpoint.py is to say PATH: cannot write (...)")
+@pytest.mark.parametrize("how", ["no-space", "file-size-limit"])
+def test_full_disk_while_saving_a_checkpoint(f, tmp_path, monkeypatch, how):
     save = tmp_path / "ck"
-    code, out, err = invoke("nmt-train", [f["data"], "--arch", "transformer_tiny",
-                                          "--max-update", "2", "--save-dir", save,
-                                          "--threads", "1"])
-    assert_one_line_error("nmt-train", code, err, [str(save / "checkpoint_"), "No space left"])
+    args = [f["data"], "--arch", "transformer_tiny", "--max-update", "2", "--save-dir", save,
+            "--threads", "1"]
+    if how == "no-space":
+        if not os.path.isdir("/proc/self/fd"):
+            pytest.skip("needs Linux's /proc/self/fd to tell the checkpoint's file")
+        real_fdopen = os.fdopen
+
+        def fdopen(fd, mode="r", *a, **k):
+            # Only the checkpoints' temporaries are on the full disk.
+            if ".checkpoint_" not in os.readlink(f"/proc/self/fd/{fd}"):
+                return real_fdopen(fd, mode, *a, **k)
+            return io.BufferedWriter(_FillingFile(fd, "wb"))
+
+        monkeypatch.setattr(os, "fdopen", fdopen)
+        code, out, err = invoke("nmt-train", args)
+        reason = "No space left on device"
+    else:
+        r = subprocess.run(["nmt-train", *map(str, args)], capture_output=True, text=True,
+                           timeout=120, preexec_fn=_limit_file_size,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        code, out, err = r.returncode, r.stdout, r.stderr
+        reason = "File too large"
+    assert_one_line_error("nmt-train", code, err, [])
+    message = err.rstrip().splitlines()[-1]
+    assert re.fullmatch(rf"nmt-train: error: {re.escape(str(save))}/checkpoint_\w+\.pt: "
+                        rf"cannot write \({reason}\)", message), message
     assert out == ""
     assert sorted(p.name for p in save.iterdir() if "checkpoint" in p.name) == []
 

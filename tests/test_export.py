@@ -251,7 +251,8 @@ def test_readme_program_for_other_text_pipelines(kind, tmp_path):
             "README.txt", "config.json", "model.bin", "nmt_export.json",
             "shared_vocabulary.json", "translate.py"]
     else:
-        assert (out / "source.wordpiece.json").is_file() and (out / "target.wordpiece.json")
+        assert (out / "source.wordpiece.json").is_file()
+        assert (out / "target.wordpiece.json").is_file()
         assert info["target"]["moses_lang"] == "de" and not info["joined_vocabulary"]
     model, _ = load_model_from_checkpoint(ckpt)
     ref = Translator([model], *codecs_from_checkpoint(ckpt),

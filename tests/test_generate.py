@@ -92,7 +92,8 @@ def test_bad_input(ckpt, tmp_path):
     one_line_error(run([ckpt], stdin=b"w1\n\xc3\n", ok=False), "<stdin>", "line 2")
     one_line_error(run([ckpt, "-i", tmp_path / "nope.txt"], ok=False), "nope.txt")
     res = run([ckpt, "-i", bad, "-o", tmp_path / "out.txt"], ok=False)
-    assert not (tmp_path / "out.txt").exists()
+    one_line_error(res, "bad.txt", "line 2", "UTF-8")
+    assert res.stdout == "" and not (tmp_path / "out.txt").exists()
 
 
 def test_pipeline_mode_translates_the_test_split(tmp_path):

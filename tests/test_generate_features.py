@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint, load_model_from_checkpoint
 from nmt.cli.generate import main
 from nmt.search.forced import score_pairs
 from nmt.search.translator import Translator
+from nmt.specials import BOS, EOS
 from test_translator import make_checkpoint, mixed_lines
 
 
@@ -124,19 +128,52 @@ def test_score_reference_text_and_jsonl(ckpt, tmp_path):
     one_line_error(gen(ckpt, "-i", src, "--score-reference", ok=False), "--reference")
 
 
+def attention_argmax(ckpt, source: str, target: str, layer: int) -> str:
+    """Pharaoh links of each target token to the source token (eos left out) that decoder
+    layer ``layer``'s cross-attention, head-averaged, weighs most, in the model's own forward
+    over the pair: softmax(q k^T / sqrt(dk)) of the queries and keys that layer attends with."""
+    model, _ = load_model_from_checkpoint(ckpt)
+    src_codec, tgt_codec = codecs_from_checkpoint(load_checkpoint(ckpt))
+    src_ids, tgt_ids = list(src_codec.encode(source)), list(tgt_codec.encode(target))
+    attn = model.decoder_layers[layer].cross_attn
+    seen = []
+
+    def attend(q, k, v, mask=None, **kw):
+        seen.append(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1))
+        return type(attn).attend(attn, q, k, v, mask, **kw)
+
+    attn.attend = attend
+    with torch.no_grad():
+        model(torch.tensor([src_ids + [EOS]]), torch.tensor([[BOS] + tgt_ids]))
+    (weights,) = seen
+    # [H, T+1, S+1]: row t predicts target token t (the last row the eos, left out)
+    best = weights[0].mean(dim=0)[:len(tgt_ids), :len(src_ids)].argmax(dim=-1)
+    return " ".join(f"{int(s)}-{t}" for t, s in enumerate(best.tolist()))
+
+
 def test_print_alignment(ckpt, tmp_path):
-    src = write(tmp_path / "s", ["w1 w2 w3", "w4"])
-    rows = [json.loads(x) for x in gen(ckpt, "-i", src, "--output-format", "jsonl",
-                                       "--print-alignment").stdout.splitlines()]
-    for row in rows:
-        n_words = len(row["translation"].split())
-        pairs = [tuple(map(int, p.split("-"))) for p in row["alignment"].split()]
-        assert len(pairs) == n_words and [t for _, t in pairs] == list(range(n_words))
-        assert all(0 <= s < len(row["source"].split()) for s, _ in pairs)
-    last = gen(ckpt, "-i", src, "--output-format", "jsonl", "--print-alignment",
-               "--align-layer", -1).stdout
-    assert len(last.splitlines()) == 2
-    one_line_error(gen(ckpt, "-i", src, "--print-alignment", ok=False), "--output-format jsonl")
+    # Forced prefixes vary the untrained model's output (else mostly one repeated word), so
+    # that the links vary too; w30 is unknown (<unk>); the last line translates to nothing.
+    requests = [{"source": "w1 w2 w3 w4 w5", "prefix": "w5 w3 w1 w2 w4 w9"},
+                {"source": "w7 w7 w1 w30 w11 w3", "prefix": "w30 w3 w1 w11 w7"},
+                {"source": "w4"}]
+    src = write(tmp_path / "s.jsonl", [json.dumps(r) for r in requests])
+    found = {}
+    # Default: the penultimate decoder layer (the first of the tiny model's two); then the last.
+    for args, layer in (([], -2), (["--align-layer", -1], -1)):
+        rows = [json.loads(x) for x in gen(ckpt, "-i", src, "--input-format", "jsonl",
+                                           "--output-format", "jsonl", "--print-alignment",
+                                           *args).stdout.splitlines()]
+        assert [r["source"] for r in rows] == [r["source"] for r in requests]
+        for row in rows:
+            want = attention_argmax(ckpt, row["source"], row["translation"], layer)
+            # One subword per word (whitespace codec): the two alignments are the same.
+            assert row["alignment_subwords"] == row["alignment"] == want, (layer, row)
+        found[layer] = [r["alignment"] for r in rows]
+        assert len(set(found[layer][0].split())) > 2 and found[layer][2] == ""
+    assert found[-1] != found[-2]
+    one_line_error(gen(ckpt, "-i", write(tmp_path / "s", ["w1"]), "--print-alignment", ok=False),
+                   "--output-format jsonl")
 
 
 @pytest.mark.parametrize("args,needle", [

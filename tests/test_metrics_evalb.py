@@ -1,16 +1,29 @@
-"""Bracket scores against hand-computed cases and against EVALB's own output (COLLINS.prm)."""
+"""Bracket scores against hand-computed cases, against EVALB's own output (COLLINS.prm) and
+against the pinned EVALB release compiled here (tests/fixtures/evalb/README.md)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from nmt.cli.score import main as score_main
 from nmt.errors import NmtError
 from nmt.metrics.evalb import EvalbParams, evaluate, format_report, retag_xx
 from nmt.io import read_lines
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "parsing"
+EVALB_FIX = Path(__file__).resolve().parent / "fixtures" / "evalb"
+UNLABELED_PRM = Path(__file__).resolve().parents[1] / "examples" / "parsing_wsj" / \
+    "COLLINS_unlabeled.prm"
 
 GOLD = "(TOP (S (NP (DT The) (NN dog)) (VP (VBZ chews) (NP (NNS bones))) (. .)))"
 # Gold brackets (punctuation removed first): S[0,4] NP[0,2] VP[2,4] NP[3,4].
@@ -116,3 +129,171 @@ def test_parameter_file(tmp_path):
     prm.write_text("BOGUS 1\n")
     with pytest.raises(NmtError, match="line 1"):
         EvalbParams.from_file(prm)
+
+
+# --- against EVALB itself (tests/fixtures/evalb/README.md) ------------------------------------
+
+def nmt_score(gold: Path, test: Path, *args: str):
+    """nmt-score's bracket-f1 of ``test`` against ``gold`` (EVALB's rules, no XX retagging)."""
+    return CliRunner().invoke(score_main, ["-r", str(gold), "-i", str(test), "-m", "bracket-f1",
+                                           "--no-retag", *args])
+
+
+def error_messages(text: str, pattern: str) -> list[tuple[int, str]]:
+    """(line, message) of each per-sentence error EVALB (``N : msg``) or nmt-score
+    (``... line N: msg``) wrote on stderr."""
+    return [(int(m.group(1)), m.group(2)) for m in re.finditer(pattern, text, re.M)]
+
+
+EVALB_ERROR = r"^(\d+) : (.*)$"
+NMT_ERROR = r"\| WARNING \|.* line (\d+): (.*)$"
+
+
+@pytest.mark.parametrize("params", ["collins", "unlabeled"])
+def test_edge_cases_match_the_pinned_evalb_output(params):
+    """Punctuation, unary chains, labels, crossing brackets and lengths around CUTOFF_LEN 40:
+    the .out files are what the pinned EVALB printed (README there); nmt-score must print the
+    same report and the same per-sentence errors."""
+    gold, test = EVALB_FIX / "evalb_edge.gold", EVALB_FIX / "evalb_edge.test"
+    args = ["--evalb-params", str(UNLABELED_PRM)] if params == "unlabeled" else []
+    r = nmt_score(gold, test, "--evalb-report", *args)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == (EVALB_FIX / f"evalb_edge.{params}.out").read_text()
+    assert error_messages(r.stderr, NMT_ERROR) == error_messages(
+        (EVALB_FIX / "evalb_edge.err").read_text(), EVALB_ERROR)
+
+
+@pytest.fixture(scope="module")
+def evalb(tmp_path_factory):
+    """The pinned EVALB release, compiled here: (the program, its COLLINS.prm)."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc or gcc) to build EVALB")
+    src_dir = Path(os.environ.get("NMT_EVALB_DIR") or EVALB_FIX)
+    if not (src_dir / "evalb.c").is_file():
+        pytest.skip(f"no evalb.c in {src_dir}: put the pinned EVALB release's evalb.c and "
+                    f"COLLINS.prm there, or set NMT_EVALB_DIR (tests/fixtures/evalb/README.md)")
+    for line in (EVALB_FIX / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split()
+        got = hashlib.sha256((src_dir / name).read_bytes()).hexdigest()
+        assert got == digest, f"{src_dir / name} is not the pinned EVALB release's {name}"
+    build = tmp_path_factory.mktemp("evalb")
+    # The one edit every vendored copy makes: <malloc.h> does not exist everywhere (malloc is
+    # declared by <stdlib.h>, which evalb.c includes). gnu89: its K&R-style C.
+    source = (src_dir / "evalb.c").read_bytes().replace(b"#include <malloc.h>\n", b"")
+    (build / "evalb.c").write_bytes(source)
+    r = subprocess.run([cc, "-O2", "-std=gnu89", "-w", "-o", str(build / "evalb"),
+                        str(build / "evalb.c")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return build / "evalb", src_dir / "COLLINS.prm"
+
+
+_TAGS = ["NN", "VBZ", "DT", "JJ", "IN", "RB", "RP"]
+_PUNCT = [(",", ","), (".", "."), (":", ";"), ("``", "``"), ("''", "''"), ("-LRB-", "-LRB-"),
+          ("$", "$")]
+_LABELS = ["S", "NP", "VP", "PP", "ADVP", "PRT", "SBAR", "NP-SBJ-1", "PP=2", "X"]
+
+
+def _tree(rng: random.Random, items: list, depth: int = 0):
+    """A random tree (nested lists [label, child...]; leaves (tag, word)) over ``items``,
+    with unary chains now and then."""
+    kids, i = [], 0
+    while i < len(items):
+        k = rng.randint(1, min(len(items) - i, 4))
+        chunk, i = items[i:i + k], i + k
+        kids += [_tree(rng, chunk, depth + 1)] if (k > 1 or rng.random() < 0.3) and depth < 6 \
+            else chunk
+    node = [rng.choice(_LABELS), *kids]
+    while rng.random() < 0.15:
+        node = [rng.choice(_LABELS), node]
+    return node
+
+
+def _change(rng: random.Random, node, p: float):
+    """``node`` with some labels and tags changed, constituents flattened or added; now and
+    then a punctuation tag swapped with a word's (length mismatch) or a word changed."""
+    if isinstance(node, tuple):
+        tag, word = node
+        r = rng.random()
+        return (rng.choice(_TAGS) if r < p / 3 and tag in _TAGS else
+                rng.choice(["NN", ".", "-NONE-"]) if r < p / 3 + p / 20 else tag,
+                word + "x" if rng.random() < p / 40 else word)
+    label = rng.choice(_LABELS) if rng.random() < p else node[0]
+    kids = []
+    for k in (_change(rng, k, p) for k in node[1:]):
+        kids += k[1:] if not isinstance(k, tuple) and rng.random() < p / 2 else [k]
+    if len(kids) > 2 and rng.random() < p:
+        i = rng.randrange(len(kids) - 1)
+        kids[i:i + 2] = [[rng.choice(_LABELS), kids[i], kids[i + 1]]]
+    return [label, *kids]
+
+
+def _text(node) -> str:
+    if isinstance(node, tuple):
+        return f"({node[0]} {node[1]})"
+    return f"({node[0]} {' '.join(map(_text, node[1:]))})"
+
+
+def random_treebank(seed: int, n: int) -> tuple[list[str], list[str]]:
+    """``n`` gold trees of 1-45 words (punctuation, -NONE- among them) and a test tree for
+    each: another random tree over the same leaves (crossing brackets) or a changed copy."""
+    rng = random.Random(seed)
+    gold, test = [], []
+    for _ in range(n):
+        leaves = [rng.choice(_PUNCT) if r < 0.15 else ("-NONE-", "*T*-1") if r < 0.2 else
+                  (rng.choice(_TAGS), f"w{i}")
+                  for i, r in enumerate(rng.random() for _ in range(rng.choice(
+                      [1, 2, 3, 5, 8, 15, 39, 40, 41, 45])))]
+        g = _tree(rng, leaves)
+        t = _tree(rng, leaves) if rng.random() < 0.3 else _change(rng, g, rng.choice([0, .2, .5]))
+        root = rng.choice(["TOP", "", None])
+        wrap = (lambda x: x) if root is None else (lambda x: [root, x])
+        gold.append(_text(wrap(g)))
+        test.append(_text(wrap(t)))
+    return gold, test
+
+
+@pytest.mark.parametrize("params", ["collins", "unlabeled"])
+def test_compiled_evalb_and_nmt_agree(evalb, tmp_path, params):
+    """The same report, per-sentence errors and F1 from EVALB (``-p COLLINS.prm``, or the
+    unlabelled parameters) and nmt-score (its built-in COLLINS settings, or the same file):
+    on the fixtures and on 400 random tree pairs."""
+    program, collins_prm = evalb
+    prm = collins_prm if params == "collins" else UNLABELED_PRM
+    nmt_args = [] if params == "collins" else ["--evalb-params", str(prm)]
+    gold, test = random_treebank(seed=29, n=400)
+    (tmp_path / "random.gold").write_text("".join(x + "\n" for x in gold))
+    (tmp_path / "random.test").write_text("".join(x + "\n" for x in test))
+    for name, folder in (("evalb_cases", FIX), ("evalb_edge", EVALB_FIX), ("random", tmp_path)):
+        g, t = folder / f"{name}.gold", folder / f"{name}.test"
+        ref = subprocess.run([str(program), "-p", str(prm), "-e", "1000000", str(g), str(t)],
+                             capture_output=True, text=True, timeout=60)
+        assert ref.returncode == 0, ref.stderr
+        r = nmt_score(g, t, "--evalb-report", "--max-errors", "-1", *nmt_args)
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout == ref.stdout, name
+        assert error_messages(r.stderr, NMT_ERROR) == error_messages(ref.stderr, EVALB_ERROR)
+        # The number nmt-score --json (and validation) reports: EVALB's FMeasure, both cuts.
+        r = nmt_score(g, t, "--json", "--max-errors", "-1", *nmt_args)
+        got = json.loads(r.stdout)
+        want = re.findall(r"^Bracketing FMeasure += +(\S+)$", ref.stdout, re.M)
+        assert [f"{got['all']['f1']:.2f}", f"{got['len<=40']['f1']:.2f}"] == want, name
+    assert "Length unmatch" in ref.stderr and "Words unmatch" in ref.stderr   # errors tried
+
+
+def test_compiled_evalb_and_nmt_stop_at_the_same_error(evalb, tmp_path):
+    program, collins_prm = evalb
+    tree = "(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks))))"
+    for n_bad in (11, 12):              # MAX_ERROR 10: EVALB exits at its 12th error
+        gold, test = tmp_path / "g", tmp_path / "t"
+        gold.write_text((tree + "\n") * (n_bad + 2))
+        test.write_text((tree.replace("(DT The) ", "") + "\n") * n_bad + (tree + "\n") * 2)
+        ref = subprocess.run([str(program), "-p", str(collins_prm), str(gold), str(test)],
+                             capture_output=True, text=True, timeout=60)
+        r = nmt_score(gold, test, "--evalb-report")
+        if ref.returncode == 0:
+            assert r.exit_code == 0 and r.stdout == ref.stdout, r.stderr
+        else:
+            assert r.exit_code != 0 and f"line {n_bad}:" in r.stderr, r.stderr
+            assert len(error_messages(ref.stderr, EVALB_ERROR)) == n_bad
+    assert ref.returncode == 1

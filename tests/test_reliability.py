@@ -95,10 +95,14 @@ def assert_same_weights(a, b):
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
-def assert_every_checkpoint_is_intact(save_dir: Path):
-    """What a crash may leave: complete checkpoints and hidden temporaries, nothing else."""
-    for p in save_dir.glob("checkpoint*.pt"):
-        load_checkpoint(p)
+def assert_every_checkpoint_is_intact(save_dir: Path, *names: str) -> list[str]:
+    """What a crash may leave: complete checkpoints and hidden temporaries, nothing else.
+    ``names`` must be among them (an empty directory must not pass); returns the names found."""
+    found = sorted(p.name for p in save_dir.glob("checkpoint*.pt"))
+    assert found and set(names) <= set(found), (names, found)
+    for name in found:
+        load_checkpoint(save_dir / name)
+    return found
 
 
 def interrupt(cmd, save_dir, sig, trigger, pause):
@@ -150,7 +154,8 @@ def test_kill_at_random_moments_then_resume_equals_uninterrupted(data_dir, refer
     assert partial, sorted(p.name for p in save.iterdir())
     assert not (save / "checkpoint_4.pt").exists()
     assert load_checkpoint(save / "checkpoint_last.pt")["progress"]["update"] == 2
-    assert_every_checkpoint_is_intact(save)
+    assert assert_every_checkpoint_is_intact(save) == [
+        "checkpoint_2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
 
     # 2.-3. kill -9 at random updates, a random few milliseconds after the log line: in an
     # update, in validation, in a save, between them.
@@ -159,7 +164,8 @@ def test_kill_at_random_moments_then_resume_equals_uninterrupted(data_dir, refer
                                  at_update(rng.randint(lo, hi)), rng.uniform(0, 0.03))
         assert code == -signal.SIGKILL, err[-2000:]
         assert "resumed from" in err
-        assert_every_checkpoint_is_intact(save)
+        last = load_checkpoint(save / "checkpoint_last.pt")["progress"]["update"]
+        assert_every_checkpoint_is_intact(save, "checkpoint_last.pt", f"checkpoint_{last}.pt")
     assert not list(save.glob(".checkpoint_4.pt.*.tmp"))      # the partial write was cleaned up
 
     # 4.-5. SIGTERM and SIGINT: finish the update, save, exit 128 + signal.
@@ -281,7 +287,8 @@ def test_second_signal_stops_at_once(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt) as e:
         train(run_cfg(tmp_path, max_update=9, save_interval_updates=2), FakeData(n_train=40),
               "fake")
-    assert_every_checkpoint_is_intact(tmp_path)
+    assert assert_every_checkpoint_is_intact(tmp_path) == [
+        "checkpoint_2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
     # The message names what a rerun resumes from (issue 16).
     assert str(e.value) == (f"stopped at once by a second SIGTERM; {tmp_path / 'checkpoint_2.pt'}"
                             f" is intact (checkpoints are written atomically): the same command "
@@ -327,8 +334,11 @@ def test_repeated_nonfinite_losses_stop_without_a_broken_checkpoint(tmp_path, ca
     msg = str(e.value)
     assert "not finite for 3 updates in a row" in msg and "update 2" in msg and "\n" not in msg
     assert sum("not finite, update skipped" in r.getMessage() for r in caplog.records) == 3
-    for p in tmp_path.glob("checkpoint*.pt"):
-        ck = load_checkpoint(p)
+    # Update 1 was saved (--save-interval-updates 1) and nothing after it.
+    names = sorted(p.name for p in tmp_path.glob("checkpoint*.pt"))
+    assert names == ["checkpoint_1.pt", "checkpoint_last.pt"], names
+    for name in names:
+        ck = load_checkpoint(tmp_path / name)
         assert ck["progress"]["update"] == 1
         assert all(torch.isfinite(t).all() for t in ck["model"].values())
         for st in ck["optimizer"]["state"].values():
