@@ -268,8 +268,6 @@ def _limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
 
 
-@pytest.mark.xfail(strict=True, reason="until i29b: torch.save's RuntimeError is an internal "
-                   "error; nmt/checkpoint.py is to say PATH: cannot write (...)")
 @pytest.mark.parametrize("how", ["no-space", "file-size-limit"])
 def test_full_disk_while_saving_a_checkpoint(f, tmp_path, monkeypatch, how):
     save = tmp_path / "ck"
