@@ -1,4 +1,4 @@
-"""Installs the nmt package and its five console scripts."""
+"""Installs the nmt package and its console scripts."""
 
 from pathlib import Path
 
@@ -33,12 +33,14 @@ setup(
         "matplotlib>=3.7,<4",
     ],
     extras_require={
-        # tensorboard: the tests read --tensorboard-logdir's event files back
+        # tensorboard: the tests read --tensorboard-logdir's event files back;
+        # starlette + uvicorn: the tests run nmt-serve
         "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5",
-                 "tensorboard>=2.14,<3"],
+                 "tensorboard>=2.14,<3", "starlette>=0.37,<2", "uvicorn>=0.29,<1"],
         "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
         "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
         "export": ["ctranslate2>=4,<5"],           # nmt-export --format ctranslate2
+        "serve": ["starlette>=0.37,<2", "uvicorn>=0.29,<1"],   # nmt-serve
     },
     entry_points={
         "console_scripts": [
@@ -47,6 +49,7 @@ setup(
             "nmt-generate=nmt.cli.generate:main",
             "nmt-score=nmt.cli.score:main",
             "nmt-export=nmt.cli.export:main",
+            "nmt-serve=nmt.cli.serve:main",
         ]
     },
 )

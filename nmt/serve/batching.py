@@ -1,0 +1,171 @@
+"""Dynamic batching: one decoding thread per model gathers the sentences of concurrent requests
+into batches.
+
+A request's sentences (already encoded) and its decoding options (a resolved SearchConfig)
+wait in one queue, oldest first. The worker takes the oldest sentence's options and gathers,
+in arrival order, the waiting sentences with equal options until the next one would take the
+batch past ``max_tokens`` source tokens (the longest source + eos, times the sentences:
+padding included, as the Translator counts) or until the oldest has waited ``max_wait``
+seconds, then decodes them with ``Translator.translate_ids``. Sentences that arrive while a
+batch decodes are waiting already when it ends, so a busy server batches without waiting.
+Whatever a batch holds, each sentence gets the translation it gets alone: beam search is
+batch-invariant (tests/test_translator.py), and options never mix.
+
+A request's result is a ``concurrent.futures.Future`` (the HTTP side awaits it with
+``asyncio.wrap_future``), set once all its sentences are decoded, possibly across batches.
+``stop()`` refuses new work, decodes what is waiting, and ends the thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from nmt.search.config import SearchConfig
+
+log = logging.getLogger("nmt.serve")
+
+
+class Stopping(Exception):
+    """The batcher is stopping and takes no new work."""
+
+
+@dataclass
+class _Job:
+    """One request: its options, its sentences' results so far, and the future to set."""
+    search: SearchConfig
+    sources: Sequence[str]
+    results: list = field(default_factory=list)
+    left: int = 0
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class _Item:
+    """One sentence of a job, waiting."""
+    job: _Job
+    index: int                 # position in its request
+    ids: np.ndarray            # source ids, without eos
+    prefix: Sequence[int]      # forced target prefix ids (empty: none)
+    arrival: float
+
+
+class Batcher:
+    """Decodes the sentences submitted to one Translator in dynamic batches, on one thread."""
+
+    def __init__(self, translator, name: str, max_tokens: int, max_wait: float):
+        self.translator, self.name = translator, name
+        self.max_tokens, self.max_wait = max_tokens, max_wait
+        self._pending: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"nmt-serve-{name}", daemon=True)
+
+    def start(self) -> "Batcher":
+        self._thread.start()
+        return self
+
+    def submit(self, search: SearchConfig, ids: Sequence[np.ndarray], sources: Sequence[str],
+               prefixes: Sequence[Sequence[int]] | None = None) -> Future:
+        """Queue one request's encoded sentences; the future gives its Translations in order.
+        ``search`` must be resolved (every field set)."""
+        job = _Job(search, sources, [None] * len(ids), len(ids))
+        if not ids:
+            job.future.set_result([])
+            return job.future
+        now = time.monotonic()
+        with self._cond:
+            if self._stopping:
+                raise Stopping(f"model '{self.name}' is shutting down")
+            for i, x in enumerate(ids):
+                self._pending.append(_Item(job, i, x, prefixes[i] if prefixes else (), now))
+            self._cond.notify()
+        log.debug("model '%s': %d sentences queued", self.name, len(ids))
+        return job.future
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no more work, finish what is waiting, end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- the worker -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            items = self._next_batch()
+            if items is None:
+                return
+            self._decode(items)
+
+    def _next_batch(self) -> list[_Item] | None:
+        """The next batch to decode (waiting for it to fill or time out); None when stopped
+        and drained."""
+        with self._cond:
+            while True:
+                if not self._pending:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                    continue
+                oldest = self._pending[0]
+                chosen, full = self._gather(oldest.job.search)
+                wait = oldest.arrival + self.max_wait - time.monotonic()
+                if full or wait <= 0 or self._stopping:
+                    taken = set(map(id, chosen))
+                    self._pending = deque(x for x in self._pending if id(x) not in taken)
+                    return chosen
+                self._cond.wait(wait)
+
+    def _gather(self, search: SearchConfig) -> tuple[list[_Item], bool]:
+        """The waiting sentences with options ``search``, oldest first, that fit in one batch
+        (always at least one); and whether the batch is full."""
+        chosen: list[_Item] = []
+        width = 0                                # longest source in the batch, with eos
+        for item in self._pending:
+            if item.job.search != search:
+                continue
+            w = max(width, item.ids.size + 1)
+            if chosen and w * (len(chosen) + 1) > self.max_tokens:
+                return chosen, True
+            chosen.append(item)
+            width = w
+        return chosen, width * len(chosen) >= self.max_tokens
+
+    def _decode(self, items: list[_Item]) -> None:
+        start = time.perf_counter()
+        translator = copy.copy(self.translator)      # shares the models; only .search differs
+        translator.search = items[0].job.search
+        prefixes = [it.prefix for it in items] if any(len(it.prefix) for it in items) else None
+        try:
+            results = translator.translate_ids([it.ids for it in items],
+                                               sources=[it.job.sources[it.index] for it in items],
+                                               prefixes=prefixes)
+        except Exception as e:  # noqa: BLE001 - the requests get the error, the worker goes on
+            log.error("model '%s': a batch of %d sentences failed: %s: %s", self.name,
+                      len(items), type(e).__name__, " ".join(str(e).split()))
+            for job in {id(it.job): it.job for it in items}.values():
+                if not job.future.done():
+                    job.future.set_exception(e)
+            return
+        for it, result in zip(items, results):
+            job = it.job
+            result.index = it.index
+            job.results[it.index] = result
+            job.left -= 1
+            if job.left == 0 and not job.future.done():
+                job.future.set_result(job.results)
+        log.debug("model '%s': %d sentences from %d requests in %.1f ms", self.name, len(items),
+                  len({id(it.job) for it in items}), 1000 * (time.perf_counter() - start))
+
+
+__all__ = ["Batcher", "Stopping"]

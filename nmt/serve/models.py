@@ -1,0 +1,120 @@
+"""The models nmt-serve serves: their names, their loading, their batchers.
+
+``nmt-serve a.pt NAME=b.pt`` serves two models, named ``a`` (a file's stem) and ``NAME``.
+Each is loaded with ``Translator.from_checkpoint`` (batching by ``--max-batch-tokens``, the
+checkpoint's preset decoding) and gets one ``Batcher`` (one decoding thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from nmt.errors import UsageError
+from nmt.serve.config import ServeConfig
+
+log = logging.getLogger("nmt.serve")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str
+
+
+def parse_specs(args: Sequence[str]) -> list[ModelSpec]:
+    """CHECKPOINT or NAME=CHECKPOINT arguments as specs; names unique, files present."""
+    if not args:
+        raise UsageError("no CHECKPOINT given: nmt-serve CHECKPOINT... (or NAME=CHECKPOINT)")
+    specs: list[ModelSpec] = []
+    for arg in args:
+        name, sep, path = arg.partition("=")
+        if not sep or not _NAME.fullmatch(name):
+            name, path = Path(arg).stem, arg
+        if not path:
+            raise UsageError(f"'{arg}': no checkpoint after '='")
+        if not Path(path).is_file():
+            raise UsageError(f"{path}: no such checkpoint file")
+        if any(s.name == name for s in specs):
+            raise UsageError(f"two models named '{name}': name them apart with "
+                             f"NAME=CHECKPOINT")
+        specs.append(ModelSpec(name, path))
+    return specs
+
+
+@dataclass
+class ServedModel:
+    """A loaded model: its Translator (the checkpoint's preset decoding), the longest source it
+    takes, and its batcher."""
+    name: str
+    path: str
+    translator: object
+    batcher: object
+    max_sentence_tokens: int
+
+
+class Models:
+    """The served models, loaded on a background thread so that /health answers meanwhile."""
+
+    def __init__(self, specs: Sequence[ModelSpec], cfg: ServeConfig, device: str = "auto",
+                 precision: str = "fp32"):
+        self.specs, self.cfg = list(specs), cfg
+        self.device, self.precision = device, precision
+        self.loaded: dict[str, ServedModel] = {}
+        self.ready = threading.Event()
+        self.error: BaseException | None = None      # why loading failed
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def load_in_background(self, on_failure=None) -> threading.Thread:
+        """Load every model on a thread; ``on_failure()`` is called if one cannot be loaded
+        (``self.error`` says why)."""
+        def run():
+            try:
+                for spec in self.specs:
+                    self.loaded[spec.name] = self._load(spec)
+                self.ready.set()
+                log.info("ready: %s", ", ".join(self.names))
+            except BaseException as e:  # noqa: BLE001 - handed to the CLI, which reports it
+                self.error = e
+                if on_failure is not None:
+                    on_failure()
+
+        thread = threading.Thread(target=run, name="nmt-serve-load", daemon=True)
+        thread.start()
+        return thread
+
+    def _load(self, spec: ModelSpec) -> ServedModel:
+        from nmt.search.config import BatchConfig
+        from nmt.search.translator import Translator
+        from nmt.serve.batching import Batcher
+
+        cfg = self.cfg
+        translator = Translator.from_checkpoint(
+            spec.path, device=self.device, precision=self.precision,
+            batch=BatchConfig(max_tokens=cfg.max_batch_tokens,
+                              max_source_len=cfg.max_sentence_tokens))
+        s = translator.search
+        log.info("model '%s' (%s): beam %d, lenpen %g, max length %g * source + %d, "
+                 "sources up to %d subwords, on %s, %s", spec.name, spec.path, s.beam, s.lenpen,
+                 s.max_len_a, s.max_len_b, translator.max_source_len, translator.device,
+                 self.precision)
+        batcher = Batcher(translator, spec.name, cfg.max_batch_tokens, cfg.max_wait_ms / 1000)
+        return ServedModel(spec.name, spec.path, translator, batcher.start(),
+                           translator.max_source_len)
+
+    def stop(self) -> None:
+        """Finish the sentences waiting in every batcher, then end their threads."""
+        for served in self.loaded.values():
+            served.batcher.stop()
+
+
+__all__ = ["ModelSpec", "parse_specs", "ServedModel", "Models"]

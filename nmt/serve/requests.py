@@ -1,0 +1,186 @@
+"""What ``POST /translate`` accepts, checked field by field; anything else is a RequestError
+(an HTTP status and a one-line reason).
+
+    {"text": ["A man rides a bike .", ...],        required: the sentences, raw text
+     "model": "NAME",                              required when several models are served
+     "beam": 4, "lenpen": 0.6,                     decoding, as nmt-generate's --beam ...;
+     "max_len_a": 1.0, "max_len_b": 50,            unset: the checkpoint's preset
+     "prefix": ["Ein", null, ...] or "Ein"}        forced translation prefixes (nmt-generate's
+                                                   jsonl "prefix"): one per sentence, or one
+                                                   for all; null or "" for none
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from nmt.errors import NmtError, suggest
+from nmt.search.config import SearchConfig
+from nmt.serve.config import ServeConfig
+from nmt.serve.models import ServedModel
+
+FIELDS = ("text", "model", "beam", "lenpen", "max_len_a", "max_len_b", "prefix")
+_KINDS = {dict: "an object", list: "a list", int: "a number", float: "a number",
+          bool: "true/false", type(None): "null", str: "a string"}
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` (4xx/5xx) and a one-line reason."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(" ".join(message.split()))
+        self.status = status
+
+
+@dataclass
+class TranslateRequest:
+    model: ServedModel
+    texts: list[str]
+    search: SearchConfig                    # resolved against the model's preset
+    prefixes: list[str | None] | None       # one per sentence, or None
+
+
+def _kind(value: Any) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(body: bytes) -> dict:
+    """The request body as a JSON object (400 otherwise)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"the body is not UTF-8 (byte {e.start + 1})") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)    # refuse NaN and Infinity
+    except json.JSONDecodeError as e:
+        raise RequestError(400, f"the body is not JSON ({e.msg} at character {e.pos + 1})"
+                           ) from None
+    except ValueError as e:
+        raise RequestError(400, f"the body is not JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise RequestError(400, f"expected a JSON object with \"text\", got {_kind(obj)}")
+    return obj
+
+
+def parse_request(obj: Mapping[str, Any], models: Mapping[str, ServedModel],
+                  cfg: ServeConfig) -> TranslateRequest:
+    unknown = [k for k in obj if k not in FIELDS]
+    if unknown:
+        raise RequestError(400, f"unknown field \"{unknown[0]}\"{suggest(unknown[0], FIELDS)}; "
+                                f"the fields are {', '.join(FIELDS)}")
+    served = _model(obj.get("model"), models)
+    texts = obj.get("text")
+    if not isinstance(texts, list):
+        raise RequestError(400, "\"text\" is required: a list of sentences" if texts is None
+                           else f"\"text\" must be a list of strings, got {_kind(texts)}")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise RequestError(400, f"\"text\"[{bad}] must be a string, got {_kind(texts[bad])}")
+    if len(texts) > cfg.max_sentences_per_request:
+        raise RequestError(413, f"{len(texts)} sentences in one request; this server takes at "
+                                f"most {cfg.max_sentences_per_request} (--max-sentences-per-"
+                                f"request)")
+    prefixes = _prefixes(obj.get("prefix"), len(texts), served)
+    return TranslateRequest(served, texts, _search(obj, served, cfg), prefixes)
+
+
+def _model(name: Any, models: Mapping[str, ServedModel]) -> ServedModel:
+    served = ", ".join(models)
+    if name is None:
+        if len(models) == 1:
+            return next(iter(models.values()))
+        raise RequestError(400, f"\"model\" is required: this server has {served}")
+    if not isinstance(name, str):
+        raise RequestError(400, f"\"model\" must be a string, got {_kind(name)}")
+    if name not in models:
+        raise RequestError(404, f"unknown model \"{name}\"{suggest(name, models)}; this server "
+                                f"has {served}")
+    return models[name]
+
+
+def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> SearchConfig:
+    """The request's decoding options, unset ones from the model's preset."""
+    def number(key: str, integer: bool):
+        v = obj.get(key)
+        if v is None:
+            return None
+        ok = isinstance(v, int) or (not integer and isinstance(v, float) and math.isfinite(v))
+        if isinstance(v, bool) or not ok:
+            raise RequestError(400, f"\"{key}\" must be {'an integer' if integer else 'a number'}"
+                                    f", got {_kind(v) if not isinstance(v, float) else v}")
+        return v
+
+    beam = number("beam", True)
+    if beam is not None and beam > cfg.max_beam:
+        raise RequestError(400, f"\"beam\" {beam} is larger than this server allows "
+                                f"({cfg.max_beam}, --max-beam)")
+    try:
+        search = SearchConfig(beam=beam, lenpen=number("lenpen", False),
+                              max_len_a=number("max_len_a", False),
+                              max_len_b=number("max_len_b", True))
+    except NmtError as e:
+        raise RequestError(400, str(e).replace("max-len-", "max_len_")) from None
+    return search.resolve(served.translator.search)
+
+
+def _prefixes(value: Any, n: int, served: ServedModel) -> list[str | None] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value] * n
+    if not isinstance(value, list):
+        raise RequestError(400, f"\"prefix\" must be a string or a list (one per sentence), "
+                                f"got {_kind(value)}")
+    if len(value) != n:
+        raise RequestError(400, f"{len(value)} prefixes for {n} sentences: give one per "
+                                f"sentence (null for none), or one string for all")
+    bad = next((i for i, p in enumerate(value) if p is not None and not isinstance(p, str)),
+               None)
+    if bad is not None:
+        raise RequestError(400, f"\"prefix\"[{bad}] must be a string or null, got "
+                                f"{_kind(value[bad])}")
+    if not any(value):
+        return None
+    if served.translator.constraints is not None:
+        raise RequestError(400, f"model '{served.name}' decodes with tree constraints, which "
+                                f"forced prefixes cannot be combined with")
+    return value
+
+
+def encode(req: TranslateRequest, cfg: ServeConfig
+           ) -> tuple[list[np.ndarray], list[list[int]] | None]:
+    """The sources' ids (413 for one longer than the model takes: the server refuses what
+    nmt-generate would truncate) and the prefixes' target ids, as the Translator encodes
+    them."""
+    t = req.model.translator
+    ids = t.src_codec.encode_batch(req.texts) if req.texts else []
+    limit = req.model.max_sentence_tokens
+    long = next((i for i, x in enumerate(ids) if x.size > limit), None)
+    if long is not None:
+        raise RequestError(413, f"\"text\"[{long}] has {ids[long].size} subwords; model "
+                                f"'{req.model.name}' takes at most {limit}")
+    s, preset = req.search, t.search
+    if (s.max_len_a, s.max_len_b) != (preset.max_len_a, preset.max_len_b) and ids:
+        # A request's own length options could ask for millions of steps (the decoder's cache
+        # is allocated for them): bound them. The preset's are the operator's choice.
+        longest = max(x.size for x in ids)
+        if math.floor(s.max_len_a * longest + s.max_len_b) > cfg.max_output_tokens:
+            raise RequestError(400, f"max_len_a * {longest} + max_len_b allows more than "
+                                    f"{cfg.max_output_tokens} output tokens "
+                                    f"(--max-output-tokens)")
+    if req.prefixes is None:
+        return ids, None
+    return ids, [t.tgt_codec.encode(p) if p else [] for p in req.prefixes]
+
+
+__all__ = ["FIELDS", "RequestError", "TranslateRequest", "parse_json", "parse_request",
+           "encode"]

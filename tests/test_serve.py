@@ -1,0 +1,363 @@
+"""nmt-serve as a client sees it: the real server in a subprocess on 127.0.0.1 (a free port),
+real HTTP requests. Translations equal nmt-generate's, whatever else shares their batch;
+concurrent clients get their own answers in order; every bad request gets its 4xx and a
+one-line JSON reason; SIGTERM lets the request in flight finish, then exits 0."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nmt.cli.generate import main as generate_main
+from test_translator import WORDS, make_checkpoint, mixed_lines
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+class Server:
+    """``nmt-serve ARGS --port 0`` in a subprocess, its stderr in a file; ``url`` once it
+    listens, ``wait_ready()`` once its models are loaded."""
+
+    def __init__(self, tmp: Path, *args, verbose: bool = False):
+        self.log = tmp / f"serve-{time.monotonic_ns()}.log"
+        cmd = [sys.executable, "-m", "nmt.cli.serve", *map(str, args), "--port", "0",
+               "--threads", "1", "--device", "cpu", *(["-v"] if verbose else [])]
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=err, env=ENV)
+        self.url = None
+
+    def stderr(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            m = re.search(pattern, self.stderr())
+            if m:
+                return m
+            assert self.proc.poll() is None, f"nmt-serve exited: {self.stderr()}"
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} in nmt-serve's log: {self.stderr()}")
+
+    def wait_ready(self, timeout: float = 60) -> "Server":
+        self.url = "http://127.0.0.1:" + self.wait_for(r"listening on http://127\.0\.0\.1:(\d+)",
+                                                       timeout).group(1)
+        end = time.monotonic() + timeout
+        while get(self.url + "/ready")[0] != 200:
+            assert time.monotonic() < end, self.stderr()
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.proc.kill()
+
+
+def request(url: str, body: bytes | None = None, method: str = "POST") -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url: str) -> tuple[int, dict | None]:
+    try:
+        return request(url, method="GET")
+    except urllib.error.URLError:            # not listening yet
+        return 0, None
+
+
+def translate(url: str, **fields) -> list[str]:
+    status, out = request(url + "/translate", json.dumps(fields).encode())
+    assert status == 200, out
+    assert list(out) == ["translations"]
+    return out["translations"]
+
+
+def generate(ckpt: Path, tmp: Path, lines: list[str], *options, jsonl: bool = False):
+    """nmt-generate's translations of ``lines`` (the reference the server must match)."""
+    src = tmp / f"in-{time.monotonic_ns()}.txt"
+    src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    fmt = ["--input-format", "jsonl"] if jsonl else []
+    r = CliRunner().invoke(generate_main, ["-q", "--device", "cpu", str(ckpt), "-i", str(src),
+                                           *fmt, *map(str, options)])
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny.pt")
+
+
+@pytest.fixture(scope="module")
+def server(ckpt, tmp_path_factory):
+    """One model; batches wait up to 300 ms, so concurrent requests share them; small limits."""
+    s = Server(tmp_path_factory.mktemp("server"), ckpt, "--max-wait-ms", 300,
+               "--max-request-bytes", 4000, "--max-sentences-per-request", 60,
+               "--max-sentence-tokens", 30, "--max-beam", 6, verbose=True).wait_ready()
+    yield s
+    assert s.stop() == 0, s.stderr()
+
+
+def test_translations_equal_nmt_generate_with_each_option(server, ckpt, tmp_path):
+    lines = mixed_lines(40, seed=3)
+    assert translate(server.url, text=lines) == generate(ckpt, tmp_path, lines)
+    options = {"beam": 2, "lenpen": 0.2, "max_len_a": 0.5, "max_len_b": 4}
+    assert translate(server.url, text=lines, **options) == generate(
+        ckpt, tmp_path, lines, "--beam", 2, "--lenpen", 0.2, "--max-len-a", 0.5,
+        "--max-len-b", 4)
+    # forced prefixes: nmt-generate's jsonl "prefix", one per sentence or one for all
+    prefixes = [None if i % 3 else WORDS[i % 7] for i in range(len(lines))]
+    requests = [json.dumps({"source": s, "prefix": p}) for s, p in zip(lines, prefixes)]
+    want = generate(ckpt, tmp_path, requests, jsonl=True)
+    assert translate(server.url, text=lines, prefix=prefixes) == want
+    assert all(w.startswith(p) for w, p, x in zip(want, prefixes, lines) if p and x.strip())
+    requests = [json.dumps({"source": s, "prefix": "w5 w6"}) for s in lines]
+    assert translate(server.url, text=lines, prefix="w5 w6") == generate(
+        ckpt, tmp_path, requests, jsonl=True)
+    assert translate(server.url, text=[]) == []
+
+
+def test_batch_invariance_a_line_alone_and_among_concurrent_requests(server, ckpt, tmp_path):
+    lines = [x for x in mixed_lines(24, seed=8) if x.strip()]
+    want = generate(ckpt, tmp_path, lines)
+    assert [translate(server.url, text=[x])[0] for x in lines[:4]] == want[:4]
+    queued = server.stderr().count("sentences queued")
+    # All at once: the batcher gathers lines of different requests (and of the big one)
+    # into the same batches; the beam-2 requests go in batches of their own.
+    with ThreadPoolExecutor(12) as pool:
+        big = pool.submit(translate, server.url, text=lines)
+        alone = [pool.submit(translate, server.url, text=[x]) for x in lines]
+        other = [pool.submit(translate, server.url, text=[x], beam=2) for x in lines[:6]]
+        assert big.result() == want
+        assert [f.result() for f in alone] == [[w] for w in want]
+        assert [f.result()[0] for f in other] == generate(ckpt, tmp_path, lines[:6], "--beam", 2)
+    assert server.stderr().count("sentences queued") - queued == 1 + len(lines) + 6
+    shared = [int(n) for n in re.findall(r"sentences from (\d+) requests", server.stderr())]
+    assert max(shared) > 2, "no batch held the sentences of several requests"
+
+
+def test_concurrent_clients_each_get_their_own_translations_in_order(server, ckpt, tmp_path):
+    lines = mixed_lines(48, seed=11)
+    want = generate(ckpt, tmp_path, lines)
+
+    def client(k: int) -> list[list[str]]:
+        mine = list(range(k, len(lines), 6))                # each client its own lines
+        return [translate(server.url, text=[lines[i] for i in mine[j:j + 3]])
+                for j in range(0, len(mine), 3)]
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(client, range(6)))
+    for k, answers in enumerate(got):
+        mine = list(range(k, len(lines), 6))
+        assert answers == [[want[i] for i in mine[j:j + 3]] for j in range(0, len(mine), 3)]
+
+
+def raw(url: str, method: str, path: str, body: bytes | None = None, chunked: bool = False):
+    """One request through http.client (any method, a body with or without a length)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        if chunked:
+            conn.request(method, path, body=iter([body[:100], body[100:]]), encode_chunked=True)
+        else:
+            conn.request(method, path, body=body)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+BAD = [  # (body, status, words the reason must contain)
+    (b'{"text": ["w1"', 400, "not JSON"),
+    (b'\xff{"text": []}', 400, "not UTF-8"),
+    (b'["w1"]', 400, "JSON object"),
+    (b'{"text": ["w1"], "lenpen": NaN}', 400, "NaN"),
+    (b'{"text": ["w1"], "beem": 2}', 400, "unknown field \"beem\" (did you mean 'beam'?)"),
+    (b'{"source": "w1"}', 400, "unknown field \"source\""),
+    (b'{"beam": 2}', 400, "\"text\" is required"),
+    (b'{"text": "w1 w2"}', 400, "list of strings, got a string"),
+    (b'{"text": ["w1", 3]}', 400, "\"text\"[1] must be a string"),
+    (b'{"text": ["w1"], "model": "other"}', 404, "unknown model \"other\""),
+    (b'{"text": ["w1"], "model": 1}', 400, "\"model\" must be a string"),
+    (b'{"text": ["w1"], "beam": 0}', 400, "beam must be >= 1"),
+    (b'{"text": ["w1"], "beam": 7}', 400, "larger than this server allows (6"),
+    (b'{"text": ["w1"], "beam": "4"}', 400, "\"beam\" must be an integer, got a string"),
+    (b'{"text": ["w1"], "beam": true}', 400, "\"beam\" must be an integer"),
+    (b'{"text": ["w1"], "lenpen": -1}', 400, "lenpen must be >= 0"),
+    (b'{"text": ["w1"], "max_len_b": 2.5}', 400, "\"max_len_b\" must be an integer"),
+    (b'{"text": ["w1"], "max_len_b": 100000}', 400, "more than 2048 output tokens"),
+    (b'{"text": ["w1", "w2"], "prefix": ["w3"]}', 400, "1 prefixes for 2 sentences"),
+    (b'{"text": ["w1"], "prefix": [5]}', 400, "\"prefix\"[0] must be a string or null"),
+    (json.dumps({"text": ["w1"] * 61}).encode(), 413, "61 sentences in one request"),
+    (json.dumps({"text": ["w1", " ".join(["w2"] * 31)]}).encode(), 413,
+     "\"text\"[1] has 31 subwords"),
+    (json.dumps({"text": ["w1 " * 1500]}).encode(), 413, "at most 4000 (--max-request-bytes)"),
+]
+
+
+@pytest.mark.parametrize("body,status,words", BAD, ids=[w for _, _, w in BAD])
+def test_bad_requests_get_a_4xx_and_a_one_line_reason(server, body, status, words):
+    got, answer = raw(server.url, "POST", "/translate", body)
+    reason = json.loads(answer)["error"]
+    assert (got, list(json.loads(answer))) == (status, ["error"]) and "\n" not in reason
+    assert words in reason, reason
+
+
+def test_size_limit_without_a_declared_length_wrong_method_and_path(server):
+    status, answer = raw(server.url, "POST", "/translate",
+                         json.dumps({"text": ["w1 " * 1500]}).encode(), chunked=True)
+    assert status == 413 and "passes 4000 bytes" in json.loads(answer)["error"]
+    assert raw(server.url, "GET", "/translate") == (405, b'{"error":"GET is not allowed on '
+                                                         b'/translate"}')
+    status, answer = raw(server.url, "POST", "/nowhere", b"{}")
+    assert status == 404 and "no such path /nowhere" in json.loads(answer)["error"]
+    assert get(server.url + "/health") == (200, {"status": "ok"})
+    assert get(server.url + "/ready") == (200, {"status": "ready", "models": ["tiny"]})
+    # after all of that, the server still translates
+    assert translate(server.url, text=["w1 w2"]) == translate(server.url, text=["w1 w2"])
+
+
+def test_two_models_by_name_and_stem(ckpt, tmp_path):
+    other = make_checkpoint(tmp_path / "other.pt", seed=1)
+    s = Server(tmp_path, ckpt, f"second={other}").wait_ready()
+    try:
+        lines = mixed_lines(12, seed=2)
+        assert get(s.url + "/ready")[1]["models"] == ["tiny", "second"]
+        assert translate(s.url, text=lines, model="tiny") == generate(ckpt, tmp_path, lines)
+        want = generate(other, tmp_path, lines)
+        assert translate(s.url, text=lines, model="second") == want
+        assert want != generate(ckpt, tmp_path, lines)
+        status, answer = request(s.url + "/translate", b'{"text": ["w1"]}')
+        assert status == 400 and answer["error"] == ("\"model\" is required: this server has "
+                                                     "tiny, second")
+    finally:
+        assert s.stop() == 0, s.stderr()
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(ckpt, tmp_path):
+    # The batcher holds a lone request for up to 1.5 s: SIGTERM comes while it waits.
+    s = Server(tmp_path, ckpt, "--max-wait-ms", 1500, verbose=True).wait_ready()
+    lines = mixed_lines(10, seed=6)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(translate, s.url, text=lines)
+            s.wait_for("10 sentences queued")
+            s.proc.send_signal(signal.SIGTERM)
+            assert answer.result(timeout=60) == generate(ckpt, tmp_path, lines)
+        assert s.proc.wait(60) == 0, s.stderr()
+        assert "stopped" in s.stderr() and "Traceback" not in s.stderr()
+        assert get(s.url + "/health") == (0, None)            # no longer listening
+    finally:
+        s.stop()
+
+
+def test_bad_command_lines_are_one_line_errors(ckpt, tmp_path):
+    from nmt.cli.serve import main as serve_main
+
+    cases = [((), "no CHECKPOINT given"),
+             ((tmp_path / "missing.pt",), "missing.pt: no such checkpoint file"),
+             ((ckpt, ckpt), "two models named 'tiny'"),
+             ((ckpt, f"a={ckpt}", f"a={ckpt}"), "two models named 'a'"),
+             ((ckpt, "--max-batch-tokens", 0), "--max-batch-tokens must be >= 1"),
+             ((ckpt, "--max-wait-ms", "nan"), "--max-wait-ms must be >= 0"),
+             ((ckpt, "--port", 70000), "--port must be between 0 and 65535"),
+             ((ckpt, "--bogus"), "no such option --bogus")]
+    for args, words in cases:
+        r = CliRunner().invoke(serve_main, list(map(str, args)))
+        assert r.exit_code == 2 and r.stdout == "", r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("nmt-serve: error: ")
+        assert words in r.stderr, r.stderr
+
+
+def run_cli(*args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt.cli.serve", *map(str, args)],
+                          capture_output=True, text=True, env=ENV, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_bad_checkpoint_or_a_port_in_use_stops_with_one_line(server, tmp_path):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"PK\x03\x04 not a checkpoint")
+    port = server.url.rsplit(":", 1)[1]
+    for args, words in [((corrupt, "--port", 0), "corrupt.pt: corrupt or truncated"),
+                        ((corrupt, "--port", port), f"cannot listen on 127.0.0.1:{port} (")]:
+        r = run_cli(*args)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 1 and r.stdout == "", r.stderr
+        assert last.startswith("nmt-serve: error: ") and words in last, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_batcher_respects_the_token_budget_and_never_mixes_options(ckpt):
+    from nmt.search.config import BatchConfig, SearchConfig
+    from nmt.search.translator import Translator
+    from nmt.serve.batching import Batcher
+
+    batches = []                            # per decoded batch: source widths, its options
+
+    class Recording(Translator):            # the real Translator, its batches noted
+        def translate_ids(self, ids, **kw):
+            batches.append(([len(x) + 1 for x in ids], self.search))
+            return super().translate_ids(ids, **kw)
+
+    lines = [x for x in mixed_lines(30, seed=9) if x.strip()]
+    translator = Translator.from_checkpoint(ckpt, batch=BatchConfig(max_tokens=40))
+    want = translator.translate(lines)
+    beam2 = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=2)).translate(lines[:5])
+    translator.__class__ = Recording
+    preset, two = translator.search, SearchConfig(beam=2).resolve(translator.search)
+    batcher = Batcher(translator, "tiny", max_tokens=40, max_wait=0.3).start()
+    try:
+        encode = translator.src_codec.encode_batch
+        alone = [batcher.submit(preset, encode([x]), [x]) for x in lines]
+        other = batcher.submit(two, encode(lines[:5]), lines[:5])
+        assert [f.result(60)[0].text for f in alone] == want
+        assert [r.text for r in other.result(60)] == beam2
+    finally:
+        batcher.stop()
+    assert sum(len(w) for w, s in batches if s == two) == 5
+    assert sum(len(w) for w, s in batches if s == preset) == len(lines)
+    assert all(len(w) == 1 or max(w) * len(w) <= 40 for w, _ in batches), batches
+    assert max(len(w) for w, _ in batches) > 1       # sentences of several requests together
+
+
+def test_load_test_quick_mode_reports_every_level_against_offline(tmp_path):
+    out = tmp_path / "serve.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--quick",
+                        "--limit", "24", "--threads", "1", "--clients", "1,4",
+                        "--json", str(out)], capture_output=True, text=True, env=ENV,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr + r.stdout
+    report = json.loads(out.read_text())
+    assert report["offline_sentences_per_s"] > 0 and report["server_exit_code"] == 0
+    assert [row["clients"] for row in report["levels"]] == [1, 4]
+    for row in report["levels"]:
+        assert row["sentences"] > 0 and row["mismatches"] == 0 and not row["failures"]
+        assert row["sentences_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+    assert "| 4 |" in r.stdout
