@@ -242,7 +242,7 @@ def load_model_from_checkpoint(path_or_ckpt: str | os.PathLike | Mapping[str, An
 
     Returns ``(model, ckpt)``; the model is in eval mode on ``device``.
     """
-    import nmt  # late: nmt.build_model imports the model code
+    from nmt.models.transformer import build_model  # late: the model code imports torch.nn
 
     if isinstance(path_or_ckpt, Mapping):
         ckpt = dict(path_or_ckpt)
@@ -253,8 +253,7 @@ def load_model_from_checkpoint(path_or_ckpt: str | os.PathLike | Mapping[str, An
         name = str(path_or_ckpt)
     cfg = model_config(ckpt)
     src_v, tgt_v = vocab_sizes(ckpt)
-    model = nmt.build_model(cfg, src_v, tgt_v,
-                            share_all_embeddings=bool(ckpt["share_all_embeddings"]))
+    model = build_model(cfg, src_v, tgt_v, share_all_embeddings=bool(ckpt["share_all_embeddings"]))
     try:
         model.load_state_dict(ckpt["model"], strict=True)
     except RuntimeError as e:
