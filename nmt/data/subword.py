@@ -298,6 +298,9 @@ def model_from_state(state: dict, dictionary: Dictionary) -> SubwordModel:
         return WordPiece.from_state(state)
     if kind == "none":
         return Whitespace(dictionary)
+    if kind == "subword_nmt":        # imported fairseq models (nmt.importers.fairseq)
+        from nmt.data.bpe_codes import SubwordNmtBPE
+        return SubwordNmtBPE.from_state(state, dictionary)
     raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
