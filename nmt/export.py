@@ -15,17 +15,21 @@ writes a CTranslate2 model directory that translates as nmt does, without nmt::
 
 How nmt's Transformer maps onto CTranslate2's ``TransformerSpec``:
 
-- post-norm (the paper's) or pre-norm layers with LayerNorm epsilon ``layer_norm_eps``; ReLU or
-  exact (erf) GELU; biases on every linear layer; the fused query/key/value (self-attention)
+- post-norm (the paper's) or pre-norm layers with LayerNorm epsilon ``layer_norm_eps``; ReLU,
+  exact (erf) GELU or swish; biases on every linear layer; the fused query/key/value (self-attention)
   and key/value (encoder-decoder attention) projections are CTranslate2's layout already;
-- embeddings scaled by sqrt(d_model) (CTranslate2's ``scale_embeddings``), the output projection
-  tied to the target embedding (CTranslate2 stores a shared matrix once);
-- positions: nmt's sinusoids interleave sin/cos (eq. 4) from position 0, CTranslate2's built-in
-  ones are concatenated halves from position 1 with another frequency spacing, so the table is
-  written out explicitly (``position_encodings/encodings``), as are learned positions;
-- every source gets ``</s>`` appended (``add_source_eos``), decoding starts from ``<s>``;
+- embeddings scaled by sqrt(d_model) or not (CTranslate2's ``scale_embeddings``), optionally
+  layer-normalized (``layernorm_embedding``); the output projection tied to the target
+  embedding (CTranslate2 stores a shared matrix once) or its own matrix (``tie_output`` off);
+- positions: nmt's sinusoids interleave sin/cos (eq. 4) from position 0 (imported models' use
+  other layouts and offsets), CTranslate2's built-in ones are concatenated halves from position
+  1 with another frequency spacing, so the table is written out explicitly
+  (``position_encodings/encodings``), as are learned positions;
+- every source gets ``</s>`` appended (``add_source_eos``), decoding starts from the model's
+  start symbol (``<s>``; ``</s>`` or ``<pad>`` for imported models);
 - nmt never predicts ``<pad>`` or ``<s>``: the output projection gets a bias of -1e4 on those
-  two ids (0 elsewhere), so CTranslate2 never predicts them either.
+  two ids (0 elsewhere, or the model's own output bias), so CTranslate2 never predicts them
+  either.
 
 What a model directory cannot carry is decoding: the GNMT length penalty, the length limit
 a * source length + b and nmt's handling of them. README.txt gives the CTranslate2 settings:
@@ -170,9 +174,10 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
 
     specs = ct2.specs
     cfg = model.cfg
-    activation = (specs.Activation.RELU if cfg.activation == "relu" else specs.Activation.GELU)
+    activation = {"relu": specs.Activation.RELU, "gelu": specs.Activation.GELU,
+                  "swish": specs.Activation.SWISH}[cfg.activation]
     head_dim = cfg.head_dim_k
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"layernorm_embedding": cfg.layernorm_embedding}
     if head_dim * cfg.heads != cfg.d_model:
         extra["head_dim"] = head_dim
     encoder = specs.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, pre_norm=cfg.pre_norm,
@@ -199,13 +204,18 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
         s.beta = arr(layer.bias)
 
     if cfg.positional == "learned":
-        src_pos, tgt_pos = arr(model.src_pos.weight), arr(model.tgt_pos.weight)
+        # CTranslate2 reads row p for position p: the rows before position_offset are unused.
+        src_pos = arr(model.src_pos.weight)[cfg.position_offset:]
+        tgt_pos = arr(model.tgt_pos.weight)[cfg.position_offset:]
     else:
-        src_pos = tgt_pos = sinusoid_table(position_rows(cfg), cfg.d_model).numpy()
+        src_pos = tgt_pos = sinusoid_table(position_rows(cfg), cfg.d_model, cfg.position_offset,
+                                           cfg.sinusoid_layout).numpy()
 
     encoder.embeddings[0].weight = arr(model.src_embed.weight)
-    encoder.scale_embeddings = True                  # sqrt(d_model), as nmt
+    encoder.scale_embeddings = cfg.scale_embedding   # sqrt(d_model), as nmt
     encoder.position_encodings.encodings = src_pos
+    if cfg.layernorm_embedding:
+        norm(encoder.layernorm_embedding, model.src_embed_norm)
     def self_attention_and_ffn(s, layer, ffn_norm) -> None:
         linear(s.self_attention.linear[0], layer.self_attn.in_proj)      # [q; k; v]
         linear(s.self_attention.linear[1], layer.self_attn.out_proj)
@@ -220,8 +230,10 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
         norm(encoder.layer_norm, model.encoder_norm)
 
     decoder.embeddings.weight = arr(model.tgt_embed.weight)
-    decoder.scale_embeddings = True
+    decoder.scale_embeddings = cfg.scale_embedding
     decoder.position_encodings.encodings = tgt_pos
+    if cfg.layernorm_embedding:
+        norm(decoder.layernorm_embedding, model.tgt_embed_norm)
     for s, layer in zip(decoder.layer, model.decoder_layers):
         self_attention_and_ffn(s, layer, layer.res3.norm)
         linear(s.attention.linear[0], layer.cross_attn.q_proj)
@@ -230,8 +242,10 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
         norm(s.attention.layer_norm, layer.res2.norm)
     if cfg.pre_norm:
         norm(decoder.layer_norm, model.decoder_norm)
-    decoder.projection.weight = arr(model.tgt_embed.weight)               # tied (section 3.4)
+    decoder.projection.weight = arr(model.projection_weight)       # tied unless tie_output off
     bias = torch.zeros(len(tgt_symbols), dtype=torch.float32)
+    if model.output_bias is not None:
+        bias += model.output_bias.detach().float().cpu()
     bias[[PAD, BOS]] = FORBIDDEN_BIAS
     decoder.projection.bias = bias.numpy()
 
@@ -240,7 +254,7 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
     spec.config.add_source_bos = False
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = (
         SPECIALS[BOS], SPECIALS[EOS], SPECIALS[UNK])
-    spec.config.decoder_start_token = SPECIALS[BOS]
+    spec.config.decoder_start_token = SPECIALS[cfg.start_id]
     spec.register_source_vocabulary(list(src_symbols))
     spec.register_target_vocabulary(list(tgt_symbols))
     return spec
@@ -272,7 +286,8 @@ def export_info(ckpt: dict, model, src_codec, tgt_codec, quantization: str, ct2_
         "joined_vocabulary": joined,
         "source": side(src_codec, "source"), "target": side(tgt_codec, "target"),
         "specials": {s: i for i, s in enumerate(SPECIALS)},
-        "decoding": {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
+        "decoding": {"beam": cfg.beam, "lenpen": cfg.lenpen,
+                     "lenpen_formula": cfg.lenpen_formula, "max_len_a": cfg.max_len_a,
                      "max_len_b": cfg.max_len_b, "max_source_len": max_source,
                      # CTranslate2's max_decoding_length may not exceed it: nmt's own cap
                      # with learned positions, the position table's rows with sinusoids.
@@ -361,6 +376,16 @@ def python_snippet(info: dict) -> str:
 
     beam, alpha = dec["beam"], dec["lenpen"]
     a, b = dec["max_len_a"], dec["max_len_b"]
+    if dec.get("lenpen_formula", "gnmt") == "gnmt":
+        score = ["def gnmt_score(hypothesis):        # nmt's: log P / ((5 + |Y|) / 6)^alpha, "
+                 "|Y| with </s>",
+                 "    pieces, log_prob = hypothesis",
+                 "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA"]
+    else:
+        score = ["def gnmt_score(hypothesis):        # this model's: log P / |Y|^alpha, |Y| with "
+                 "</s>",
+                 "    pieces, log_prob = hypothesis",
+                 "    return log_prob / (len(pieces) + 1) ** ALPHA"]
     return "\n".join([
         SNIPPET_BEGIN,
         *imports,
@@ -383,9 +408,7 @@ def python_snippet(info: dict) -> str:
         *from_pieces,
         "",
         "",
-        "def gnmt_score(hypothesis):        # nmt's: log P / ((5 + |Y|) / 6)^alpha, |Y| with </s>",
-        "    pieces, log_prob = hypothesis",
-        "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA",
+        *score,
         "",
         "",
         "def translate(lines, beam=BEAM):",
