@@ -298,9 +298,10 @@ def model_from_state(state: dict, dictionary: Dictionary) -> SubwordModel:
         return WordPiece.from_state(state)
     if kind == "none":
         return Whitespace(dictionary)
-    if kind == "subword_nmt":        # imported fairseq models (nmt.importers.fairseq)
-        from nmt.data.bpe_codes import SubwordNmtBPE
-        return SubwordNmtBPE.from_state(state, dictionary)
+    if kind in ("subword_nmt", "fairseq_sentencepiece"):    # imported fairseq models
+        from nmt.data.fairseq_subword import FairseqSentencePiece, SubwordNmtBPE
+        cls = SubwordNmtBPE if kind == "subword_nmt" else FairseqSentencePiece
+        return cls.from_state(state, dictionary)
     raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 

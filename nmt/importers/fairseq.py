@@ -101,4 +101,115 @@ def nmt_rows(fairseq_rows: torch.Tensor) -> torch.Tensor:
     return fairseq_rows.index_select(0, order).clone()
 
 
-__all__ = ["read_checkpoint", "load_dictionary", "nmt_rows", "TRANSFORMER_ARCHS"]
+def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *,
+                   bpe_codes: str | os.PathLike | None = None,
+                   sentencepiece: str | os.PathLike | None = None, moses: str | None = None,
+                   moses_no_dash_splits: bool = False, moses_no_escape: bool = False,
+                   source_lang: str | None = None, target_lang: str | None = None) -> dict:
+    """The nmt checkpoint (a dict for nmt.checkpoint.save_checkpoint) of a fairseq
+    Transformer checkpoint, its dictionaries (``data_dir``/dict.LANG.txt) and its text
+    pipeline: ``bpe_codes`` (subword-nmt) or ``sentencepiece`` (a model file), and ``moses``
+    ("SRC-TGT", fairseq's --tokenizer moses, with its two options)."""
+    from nmt.checkpoint import make_checkpoint
+    from nmt.importers.fairseq_model import _Source, model_fields, nmt_state
+    from nmt.models.transformer import Transformer
+
+    if bpe_codes is not None and sentencepiece is not None:
+        raise NmtError("give --bpe-codes or --sentencepiece, not both")
+    args, state = read_checkpoint(checkpoint)
+    cfg = ModelConfig(**model_fields(args))
+    data = Path(data_dir)
+    src_lang, tgt_lang = language_pair(args, data, source_lang, target_lang, moses)
+    src_dict = load_dictionary(data / f"dict.{src_lang}.txt")
+    tgt_dict = load_dictionary(data / f"dict.{tgt_lang}.txt")
+    share_all = bool(args.get("share_all_embeddings", False))
+    _check_sizes(state, src_dict, tgt_dict, share_all, data)
+    _check_specials(args)
+    with torch.device("meta"):
+        keys = list(Transformer(cfg, len(src_dict), len(tgt_dict), share_all).state_dict())
+    weights = nmt_state(_Source(state), keys, share_all)
+    options = None
+    if moses is not None:
+        options = {"escape": not moses_no_escape,
+                   "aggressive_dash_splits": not moses_no_dash_splits, "unescape": True}
+    langs = _moses_pair(moses)
+    src_codec = text_codec(src_dict, bpe_codes, sentencepiece, langs[0], options)
+    tgt_codec = text_codec(tgt_dict, bpe_codes, sentencepiece, langs[1], options)
+    return make_checkpoint(model_config=cfg, model_state=weights, share_all_embeddings=share_all,
+                           src_codec=src_codec, tgt_codec=tgt_codec, src_lang=src_lang,
+                           tgt_lang=tgt_lang)
+
+
+def language_pair(args: Mapping[str, Any], data: Path, source_lang: str | None,
+                  target_lang: str | None, moses: str | None) -> tuple[str, str]:
+    """The LANGs of DATA/dict.LANG.txt: given, else the checkpoint's (fairseq-train -s/-t),
+    else what fairseq infers from DATA's file names (train.SRC-TGT.*), else --moses's pair."""
+    if source_lang and target_lang:
+        return source_lang, target_lang
+    if args.get("source_lang") and args.get("target_lang"):
+        return args["source_lang"], args["target_lang"]
+    pairs = {p.name.split(".")[1] for p in data.glob("train.*-*.*")} if data.is_dir() else set()
+    if len(pairs) == 1:
+        return tuple(pairs.pop().split("-", 1))
+    if moses is not None:
+        return _moses_pair(moses)
+    raise NmtError(f"the checkpoint names no language pair and {data} does not show it: give "
+                   f"--source-lang and --target-lang (the LANG of {data}/dict.LANG.txt)")
+
+
+def _moses_pair(moses: str | None) -> tuple[str | None, str | None]:
+    if moses is None:
+        return None, None
+    src, sep, tgt = moses.partition("-")
+    if not sep or not src or not tgt:
+        raise NmtError(f"--moses takes the language pair, e.g. en-de, not '{moses}'")
+    return src, tgt
+
+
+def _check_sizes(state: dict, src_dict: Dictionary, tgt_dict: Dictionary, share_all: bool,
+                 data: Path) -> None:
+    for side, d in (("encoder", src_dict), ("decoder", tgt_dict)):
+        w = state.get(f"{side}.embed_tokens.weight")
+        if w is None:
+            raise NmtError(f"not a fairseq transformer checkpoint: no {side}.embed_tokens")
+        if w.size(0) != len(d):
+            raise NmtError(f"{data}: its {side} dictionary has {len(d)} symbols (with the 4 "
+                           f"specials) but the checkpoint's {side} embeddings have "
+                           f"{w.size(0)} rows: not the dictionaries this model was trained with")
+    if share_all and src_dict != tgt_dict:
+        raise NmtError(f"{data}: the model shares all embeddings but the two dictionaries "
+                       f"differ")
+
+
+def _check_specials(args: Mapping[str, Any]) -> None:
+    for name, index in FAIRSEQ_SPECIALS.items():
+        if args.get(name, index) != index:
+            raise NmtError(f"cannot import this fairseq model: its dictionary puts <{name}> "
+                           f"at {args.get(name)} (fairseq's default, which nmt maps, is {index})")
+
+
+def text_codec(dictionary: Dictionary, bpe_codes, sentencepiece, moses_lang: str | None,
+               moses_options: dict | None):
+    """The codec of one side: Moses (optional), then BPE codes, sentencepiece or nothing."""
+    from nmt.data.codec import TextCodec
+    from nmt.data.subword import Whitespace
+
+    if bpe_codes is not None:
+        from nmt.data.fairseq_subword import SubwordNmtBPE
+        p = check_readable(bpe_codes, "BPE codes", expected="a subword-nmt codes file")
+        try:
+            codes = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as e:
+            raise NmtError(f"{p}: not a BPE codes file ({e})") from None
+        subword = SubwordNmtBPE(codes, dictionary)
+    elif sentencepiece is not None:
+        from nmt.data.fairseq_subword import FairseqSentencePiece
+        p = check_readable(sentencepiece, "sentencepiece model", expected="a .model file")
+        subword = FairseqSentencePiece(p.read_bytes(), dictionary)
+    else:
+        subword = Whitespace(dictionary)
+    return TextCodec(subword, dictionary, moses_lang, moses_options)
+
+
+__all__ = ["import_fairseq", "read_checkpoint", "load_dictionary", "nmt_rows",
+           "TRANSFORMER_ARCHS"]

@@ -136,12 +136,48 @@ def _attention(src: _Source, p: str, kind: str) -> torch.Tensor:
         full = src(f"{p}.in_proj_{param}")
         d = full.size(0) // 3
         return {"qkv": full, "q": full[:d], "kv": full[d:]}[proj].clone()
-    parts = {"qkv": "qkv", "q": "q", "kv": "kv"}[proj]
-    return torch.cat([src(f"{p}.{c}_proj.{param}") for c in parts])
+    return torch.cat([src(f"{p}.{c}_proj.{param}") for c in proj])     # proj: "qkv" ...
 
 
 def _norm(src: _Source, new: str, old: str) -> Callable[[str], torch.Tensor]:
     return lambda param: src(f"{new}.{param}" if src.has(f"{new}.{param}") else f"{old}.{param}")
+
+
+def nmt_state(src: _Source, keys: list[str], share_all: bool) -> dict[str, torch.Tensor]:
+    """nmt's state dict (``keys``: an nmt model's state_dict keys) from fairseq's weights."""
+    from nmt.importers.fairseq import nmt_rows
+
+    direct = {"src_embed.weight": lambda: nmt_rows(src("encoder.embed_tokens.weight")),
+              "tgt_embed.weight": lambda: nmt_rows(src("decoder.embed_tokens.weight")),
+              "output_weight": lambda: nmt_rows(src("decoder.output_projection.weight"
+                                                    if src.has("decoder.output_projection.weight")
+                                                    else "decoder.embed_out")),
+              "src_pos.weight": lambda: src("encoder.embed_positions.weight"),
+              "tgt_pos.weight": lambda: src("decoder.embed_positions.weight")}
+    prefixes = {"encoder_norm.": "encoder.layer_norm.", "decoder_norm.": "decoder.layer_norm.",
+                "src_embed_norm.": "encoder.layernorm_embedding.",
+                "tgt_embed_norm.": "decoder.layernorm_embedding."}
+    out = {}
+    for key in keys:
+        if key in direct:
+            out[key] = direct[key]()
+        elif key.startswith(("encoder_layers.", "decoder_layers.")):
+            out[key] = layer_weight(src, key)
+        else:
+            prefix = next((p for p in prefixes if key.startswith(p)), None)
+            if prefix is None:
+                raise NmtError(f"no fairseq weight for nmt's {key}")
+            out[key] = src(prefixes[prefix] + key[len(prefix):])
+    if share_all:       # one matrix: fairseq's encoder and decoder embeddings are the same
+        src("decoder.embed_tokens.weight")
+    # A tied output projection is the decoder embedding itself (fairseq saves both names).
+    if "output_weight" not in out and src.has("decoder.output_projection.weight"):
+        src("decoder.output_projection.weight")
+    left = src.unused()
+    if left:
+        raise NmtError(f"cannot import this fairseq model: weights nmt has no place for "
+                       f"({', '.join(left[:4])}{' ...' if len(left) > 4 else ''})")
+    return {k: v.float().contiguous() for k, v in out.items()}
 
 
 def layer_weight(src: _Source, key: str) -> torch.Tensor:
@@ -168,4 +204,4 @@ def layer_weight(src: _Source, key: str) -> torch.Tensor:
     return table[module]()
 
 
-__all__ = ["model_fields", "layer_weight", "refuse", "UNSUPPORTED"]
+__all__ = ["model_fields", "nmt_state", "layer_weight", "_Source", "refuse", "UNSUPPORTED"]

@@ -196,18 +196,25 @@ def word_indices(pieces: Sequence[str], kind: str | None = None) -> list[int]:
 
     ``kind`` is the codec's (TextCodec.kind): ``bpe`` (sentencepiece: a piece starting with
     '▁' starts a word, any other continues it), ``wordpiece`` (a piece starting with '##'
-    continues a word, any other starts one) or ``none`` (one piece per word). None guesses:
+    continues a word, any other starts one), ``subword_nmt`` (a piece after one ending in '@@'
+    continues a word; ``fairseq_sentencepiece`` follows the ``bpe`` rule) or ``none`` (one
+    piece per word). None guesses:
     sentencepiece when some piece starts with '▁', else the wordpiece rule (which is also right
     for whitespace tokens, unless a token itself starts with '##').
     """
     if kind is None:
         kind = "bpe" if any(p.startswith(WORD_START) for p in pieces) else "wordpiece"
+    if kind == "fairseq_sentencepiece":
+        kind = "bpe"
     out, word = [], -1
     for i, p in enumerate(pieces):
-        if (i == 0 or kind == "none"
-                or (kind == "bpe" and p.startswith(WORD_START))
-                or (kind != "bpe" and not p.startswith(CONTINUATION))):
-            word += 1
+        if kind == "subword_nmt":       # "@@" ends a piece whose word goes on (fairseq BPE)
+            starts = i == 0 or not pieces[i - 1].endswith("@@")
+        else:
+            starts = (i == 0 or kind == "none"
+                      or (kind == "bpe" and p.startswith(WORD_START))
+                      or (kind != "bpe" and not p.startswith(CONTINUATION)))
+        word += starts
         out.append(word)
     return out
 

@@ -1,5 +1,6 @@
-"""BPE codes as subword-nmt learns and applies them (``@@ `` marks a piece that continues),
-the subwords of most fairseq models, looked up in the model's own dictionary.
+"""The subwords of fairseq models, looked up in the model's own dictionary (fairseq's ids):
+BPE codes as subword-nmt learns and applies them (``@@ `` marks a piece that continues; most
+fairseq models) and sentencepiece pieces (fairseq's ``--bpe sentencepiece``).
 
 Applying the codes goes through the subword-nmt library itself (the optional extra
 ``nmt[fairseq]``): its merge order, end-of-word handling and cache define what fairseq's
@@ -73,4 +74,43 @@ class SubwordNmtBPE(SubwordModel):
         return cls(state["codes"], dictionary, state.get("separator", "@@"))
 
 
-__all__ = ["SubwordNmtBPE", "check_codes"]
+class FairseqSentencePiece(SubwordModel):
+    """A sentencepiece model's pieces looked up in a fairseq dictionary (not sentencepiece's
+    own ids), decoded as fairseq's SentencepieceBPE does."""
+
+    kind = "fairseq_sentencepiece"
+    suffix = ".model"
+
+    def __init__(self, proto: bytes, dictionary: Dictionary):
+        import sentencepiece as spm
+        self.proto, self._dict = proto, dictionary
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(proto)
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
+            raise NmtError(f"invalid sentencepiece model: {' '.join(str(e).split())}") from None
+
+    def pieces(self, line: str) -> list[str]:
+        return self.sp.encode(line, out_type=str)
+
+    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        return [self._dict.encode_tokens(self.pieces(line)) for line in lines]
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        text = " ".join(self._dict[int(i)] for i in ids)
+        return text.replace(" ", "").replace("\u2581", " ").strip()
+
+    def dictionary(self) -> Dictionary:
+        return self._dict
+
+    def to_state(self) -> dict:
+        import base64
+        return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii")}
+
+    @classmethod
+    def from_state(cls, state: dict, dictionary: Dictionary) -> "FairseqSentencePiece":
+        import base64
+        return cls(base64.b64decode(state["model"]), dictionary)
+
+
+__all__ = ["SubwordNmtBPE", "FairseqSentencePiece", "check_codes"]
