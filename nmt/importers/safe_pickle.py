@@ -129,6 +129,10 @@ def load_foreign(path: str | os.PathLike, what: str) -> Any:
     p = check_readable(path, what, expected=f"a {what}")
     if p.stat().st_size == 0:
         raise NmtError(f"{p}: empty file, not a {what}")
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if not head.startswith(b"PK\x03\x04") and head[:1] != b"\x80":
+        raise NmtError(f"{p}: not a {what} (not a file torch.save writes)")
     try:
         names = pickle_globals(p)
     except (OSError, zipfile.BadZipFile, ValueError, KeyError) as e:
@@ -140,6 +144,8 @@ def load_foreign(path: str | os.PathLike, what: str) -> Any:
             warnings.simplefilter("ignore")
             return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():
+            raise NmtError(f"{p}: not a readable {what} (the safe loader refused it)") from None
         bad = sorted(n for n in names if not _wanted(n) and not _torch_allows(n))
         asks = f" (it asks for {', '.join(bad[:3])})" if bad else ""
         raise NmtError(f"{p}: refused to load{asks}: a {what} holds tensors and configuration "
