@@ -95,6 +95,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
     model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
     src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)
     check_exportable(model.cfg, tgt_codec, name)
+    check_pipeline_described(src_codec, tgt_codec, name)
 
     spec = ctranslate2_spec(ct2, model, src_codec.dictionary.symbols,
                             tgt_codec.dictionary.symbols)
@@ -153,6 +154,20 @@ def check_exportable(cfg, tgt_codec, name: str = "checkpoint") -> None:
         raise NmtError(f"{name}: cannot export to CTranslate2: its target vocabulary is "
                        f"linearized trees, which nmt decodes under tree constraints that "
                        f"CTranslate2 cannot apply")
+
+
+def check_pipeline_described(src_codec, tgt_codec, name: str = "checkpoint") -> None:
+    """NmtError for a text pipeline that README.txt and translate.py do not write out (an
+    imported fairseq model's BPE codes or Moses settings): the export would translate, but
+    the instructions beside it would tokenize differently from nmt-generate."""
+    for side, codec in (("source", src_codec), ("target", tgt_codec)):
+        what = ([f"{codec.kind} subwords"] if codec.kind in ("subword_nmt",
+                                                             "fairseq_sentencepiece") else []
+                ) + (["fairseq's Moses settings"] if codec.moses_options else [])
+        if what:
+            raise NmtError(f"{name}: cannot export to CTranslate2 yet: nmt-export does not "
+                           f"write out its {side} text pipeline ({' and '.join(what)}); "
+                           f"translate it with nmt-generate")
 
 
 def position_rows(cfg) -> int:

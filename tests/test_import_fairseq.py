@@ -239,3 +239,22 @@ def test_sentencepiece_pipeline(tmp_path):
     assert tgt.decode(ids) == "thegarden"
     out = invoke(generate_main, [tmp_path / "m.pt", "-i", fix / "test.en", "--beam", "1", "-q"])
     assert len(out.splitlines()) == len(lines)
+
+
+def test_bpe_words_for_alignments():
+    """Word-level alignments (--print-alignment) group '@@' pieces into their words."""
+    from nmt.search.forced import word_indices
+
+    pieces = ["Der", "ka@@", "t@@", "ze", "wo@@", "hl", "@-@", "b@@", "e@@", "kannt", "."]
+    assert word_indices(pieces, "subword_nmt") == [0, 1, 1, 1, 2, 2, 3, 4, 4, 4, 5]
+
+
+def test_ctranslate2_export_refuses_what_it_cannot_describe(tmp_path, imported):
+    """nmt-export writes tokenization instructions for nmt's own pipelines only: an imported
+    fairseq model is refused in one line rather than exported with wrong instructions."""
+    pytest.importorskip("ctranslate2")
+    from nmt.cli.export import main as export_main
+
+    r = CliRunner().invoke(export_main, [str(imported("postnorm_shared")), str(tmp_path / "ct2")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "subword_nmt" in r.stderr and not (tmp_path / "ct2").exists()
