@@ -258,3 +258,14 @@ def test_ctranslate2_export_refuses_what_it_cannot_describe(tmp_path, imported):
     r = CliRunner().invoke(export_main, [str(imported("postnorm_shared")), str(tmp_path / "ct2")])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "subword_nmt" in r.stderr and not (tmp_path / "ct2").exists()
+
+
+def test_omegaconf_configuration_reads_as_plain_data():
+    """A cfg saved as an omegaconf DictConfig (made by omegaconf 2.0 in make_fixtures.py)
+    reads, through inert stand-ins, as the same plain arguments as the Namespace it came
+    from."""
+    from nmt.importers.fairseq import read_checkpoint
+
+    args, state = read_checkpoint(FIXTURES / "omegaconf_cfg.pt")
+    ref, _ = read_checkpoint(FIXTURES / "postnorm_shared" / "checkpoint_last.pt")
+    assert args == ref and list(state) == ["encoder.version"]

@@ -15,6 +15,7 @@ and nothing of it runs.
 
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import os
 import pickle
@@ -33,7 +34,11 @@ from nmt.io import check_readable
 # Globals replaced by stand-ins: exact names, and module prefixes (configuration classes only).
 STAND_IN_NAMES = frozenset({
     "argparse.Namespace", "numpy.dtype", "numpy.core.multiarray.scalar",
-    "numpy._core.multiarray.scalar"})
+    "numpy._core.multiarray.scalar", "collections.defaultdict"} | {
+    # Types that omegaconf's metadata names (a node's declared type), never called here.
+    f"{module}.{t}" for module in ("builtins", "__builtin__")
+    for t in ("dict", "list", "tuple", "str", "int", "long", "float", "bool", "bytes",
+              "object", "type", "NoneType")})
 STAND_IN_PREFIXES = ("omegaconf.", "fairseq.", "typing.", "numpy.dtypes.")
 
 
@@ -44,7 +49,7 @@ class StandIn:
 
     def __new__(cls, *args, **kwargs):
         obj = object.__new__(cls)
-        obj.args, obj.state = args, None
+        obj.args, obj.state, obj.items = args, None, {}
         return obj
 
     def __init__(self, *args, **kwargs):    # pickle's REDUCE calls the class: nothing to do
@@ -53,12 +58,18 @@ class StandIn:
     def __setstate__(self, state):
         self.state = state
 
+    def __setitem__(self, key, value):      # SETITEMS on a dict-like (defaultdict)
+        self.items[key] = value
+
     def __repr__(self) -> str:
         return f"<stand-in for {self.stands_for}>"
 
 
 def _stand_in(full_name: str) -> type:
     module, _, name = full_name.rpartition(".")
+    # Python 2 names (protocol 2 pickles: __builtin__.long) as torch reads them (builtins.int).
+    module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+    module = _compat_pickle.IMPORT_MAPPING.get(module, module)
     # torch keys allowed classes by f"{__module__}.{__qualname__}": these make it find ours.
     return type(name, (StandIn,), {"__module__": module, "__qualname__": name,
                                    "stands_for": full_name})
@@ -193,6 +204,8 @@ def _plain_stand_in(obj: StandIn) -> Any:
             return plain(state["_val"])
     if obj.stands_for.startswith("fairseq.") and len(obj.args) == 1:
         return plain(obj.args[0])         # an enum member, pickled as Enum(value)
+    if obj.stands_for == "collections.defaultdict":
+        return plain(obj.items)
     return None
 
 
