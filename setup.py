@@ -33,10 +33,14 @@ setup(
         "matplotlib>=3.7,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5"],
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5",
+                 "transformers>=4.40,<6", "safetensors>=0.4,<1"],
         "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
         "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
         "export": ["ctranslate2>=4,<5"],           # nmt-export --format ctranslate2
+        # nmt-import huggingface reads model.safetensors; nmt-export --format huggingface
+        # writes it, and transformers runs the result (MarianMTModel, MarianTokenizer).
+        "hf": ["transformers>=4.40,<6", "safetensors>=0.4,<1"],
     },
     entry_points={
         "console_scripts": [
@@ -45,6 +49,7 @@ setup(
             "nmt-generate=nmt.cli.generate:main",
             "nmt-score=nmt.cli.score:main",
             "nmt-export=nmt.cli.export:main",
+            "nmt-import=nmt.cli.import_:main",
         ]
     },
 )
