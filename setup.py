@@ -34,13 +34,16 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5",
-                 "subword-nmt>=0.3.8,<0.4"],
+                 "subword-nmt>=0.3.8,<0.4", "transformers>=4.40,<6", "safetensors>=0.4,<1"],
         "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
         "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
         "export": ["ctranslate2>=4,<5"],           # nmt-export --format ctranslate2
         # nmt-import fairseq --bpe-codes: subword-nmt, the code fairseq itself runs, applies
         # the codes, so that imported models see exactly the subwords they were trained on.
         "fairseq": ["subword-nmt>=0.3.8,<0.4"],
+        # nmt-import huggingface reads model.safetensors; nmt-export --format huggingface
+        # writes it, and transformers runs the result (MarianMTModel, MarianTokenizer).
+        "hf": ["transformers>=4.40,<6", "safetensors>=0.4,<1"],
     },
     entry_points={
         "console_scripts": [

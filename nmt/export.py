@@ -58,7 +58,7 @@ from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.export")
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "huggingface")   # the second: nmt.export_hf
 # CTranslate2's weight types: float32 (exact), int8 (8-bit weights with per-row scales; the
 # other weights keep their type, float32 here) and int8_float32 (the others made float32).
 QUANTIZATIONS = ("float32", "int8_float32", "int8")
@@ -89,6 +89,14 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
     if not isinstance(checkpoint, dict):
         check_readable(checkpoint, "checkpoint", expected="a checkpoint file")
     dest = _check_destination(out, force, None if isinstance(checkpoint, dict) else checkpoint)
+    if format == "huggingface":
+        if quantization != "float32":
+            raise UsageError("--quantization goes with --format ctranslate2 (a huggingface "
+                             "export holds float32 weights)")
+        from nmt.export_hf import export_huggingface
+
+        ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+        return export_huggingface(inference_checkpoint(ckpt), dest, name)
     ct2 = import_ctranslate2()
     ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     # Without the optimizer state of a training checkpoint: it would only take memory.

@@ -438,7 +438,8 @@ def test_ensemble_averages_probabilities():
 def reference_beam_rule(dist, key, beam, alpha, max_len, formula):
     """reference_beam with lp(|Y|) = |Y|^alpha, and, for "hf", transformers' rule for when a
     sentence is done (early_stopping=False): ``beam`` finished hypotheses and the best live
-    one, normalized at its current length, no better than the worst of the ``beam`` best."""
+    one, normalized at its current length, no better than the worst of the ``beam`` best
+    (and the eos forced at the length limit scoring 0)."""
     live, finished = [((), 0.0)], []
     for step in range(max_len + 1):
         cands = []
@@ -446,7 +447,9 @@ def reference_beam_rule(dist, key, beam, alpha, max_len, formula):
             p = dist(key, prefix)
             for tok in range(V):
                 if p[tok] > 0 and (step < max_len or tok == EOS):
-                    cands.append((score + math.log(p[tok]), b * V + tok, b, tok))
+                    # transformers' forced eos (at the length limit) has log-probability 0
+                    lp = 0.0 if step == max_len and formula == "hf" else math.log(p[tok])
+                    cands.append((score + lp, b * V + tok, b, tok))
         cands.sort(key=lambda c: (-c[0], c[1]))
         cands = cands[:2 * beam]
         for j, (s, _, b, tok) in enumerate(cands):

@@ -1,11 +1,12 @@
-"""nmt-import: another toolkit's model as an ordinary, self-contained nmt checkpoint.
+"""nmt-import: a model trained by another toolkit as an ordinary nmt checkpoint.
 
-    nmt-import fairseq wmt16.en-de/model.pt --data wmt16.en-de --bpe-codes wmt16.en-de/bpecodes \\
-        --moses en-de -o ende.pt
+    nmt-import huggingface opus-mt-en-de -o ende.pt       # a Marian (OPUS-MT) directory
+    nmt-import fairseq wmt16.en-de/model.pt --data wmt16.en-de \
+        --bpe-codes wmt16.en-de/bpecodes --moses en-de -o ende.pt   # a fairseq Transformer
+    nmt-generate ende.pt < input.en > output.de
 
-The checkpoint (weights, configuration, dictionaries, the whole text pipeline and the source
-toolkit's decoding defaults) is written atomically; its path is the one line on stdout, so
-``nmt-import ... | nmt-generate`` reads it. Nothing of the imported file is executed.
+The checkpoint (weights, configuration, vocabularies, the whole text pipeline) is written
+atomically; its path is the one line on stdout, so it composes like every nmt command.
 """
 
 from __future__ import annotations
@@ -14,33 +15,37 @@ import sys
 
 import click
 
-from nmt.cli.common import die, handle_errors, setup_logging
+from nmt.cli.common import Command, Group, handle_errors, setup_logging
 from nmt.cli.options import log_options
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 
-
-class Group(click.Group):
-    """A click group whose usage errors are one line, as nmt.cli.common.Command's."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        try:
-            rv = super().main(args, prog_name or "nmt-import", complete_var, False, **extra)
-        except click.UsageError as e:
-            die("nmt-import", " ".join(e.format_message().split()), 2)
-        except click.ClickException as e:
-            die("nmt-import", " ".join(e.format_message().split()), e.exit_code)
-        except click.exceptions.Abort:
-            die("nmt-import", "interrupted", 130)
-        raise SystemExit(rv if isinstance(rv, int) else 0)
-
-
-@click.group(cls=Group, context_settings=CONTEXT)
+@click.group(cls=Group, prog="nmt-import",
+             context_settings={"help_option_names": ["-h", "--help"]})
 def main():
-    """Import a fairseq or Hugging Face model as an nmt checkpoint."""
+    """Import a model trained by another toolkit; nmt-generate, nmt-score, nmt-export,
+    nmt-train --init-from and the Python Translator then take it as any nmt checkpoint."""
 
 
-@main.command("fairseq", context_settings=CONTEXT)
+@main.command("huggingface", cls=Command, prog="nmt-import huggingface")
+@click.argument("model_dir", metavar="MODEL_DIR")
+@click.option("-o", "--output", "out", required=True, metavar="PATH",
+              help="The nmt checkpoint to write.")
+@log_options
+@handle_errors("nmt-import")
+def huggingface(model_dir, out, verbose, quiet):
+    """Import the Marian model directory MODEL_DIR (OPUS-MT as transformers ships it:
+    config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json).
+    The checkpoint decodes as transformers' generate() does (its num_beams, length_penalty,
+    max_length); nmt-generate's options override any of them."""
+    from nmt.importers.huggingface import import_huggingface
+
+    setup_logging(verbose, quiet)
+    dest = import_huggingface(model_dir, out)
+    sys.stdout.write(f"{dest}\n")
+    sys.stdout.flush()
+
+
+@main.command("fairseq", cls=Command, prog="nmt-import fairseq")
 @click.argument("checkpoint", metavar="CHECKPOINT")
 @click.option("--data", "data", required=True, metavar="DICT_DIR",
               help="The directory with the model's dict.SRC.txt and dict.TGT.txt.")

@@ -20,7 +20,8 @@ When is a sentence done? As soon as one of these holds:
   exactly greedy decoding: it stops at the first eos). With ``lenpen_formula`` "hf",
   transformers' rule instead (its beam search with early_stopping=False): ``beam`` finished
   hypotheses, and the best live one, normalized at its current length, scoring no better
-  than the worst of the ``beam`` best finished ones;
+  than the worst of the ``beam`` best finished ones (and, as its forced_eos_token_id, the
+  eos forced at the length limit scores log-probability 0);
 - it has ``nbest`` finished hypotheses and no unfinished one can still beat the nbest-th best of
   them: an unfinished hypothesis with log-probability s can at best reach s / lp(max_len + 1)
   (log-probabilities only decrease and, s being <= 0, dividing by the largest lp gives the
@@ -123,7 +124,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         else:
             probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
         vocab = probs.size(1)
-        _restrict(probs, step, max_len, k, cstate)
+        _restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if hf_rule else None)
 
         c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
             probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
@@ -184,9 +185,12 @@ def _best_hypotheses(finished, nbest: int) -> list[list[Hypothesis]]:
     return out
 
 
-def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate) -> None:
+def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
+              forced_eos_p: float | None = None) -> None:
     """Zero, in ``probs`` [N*K, V], what may not come next: pad and bos, what the constraints
-    state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length."""
+    state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length.
+    The forced eos keeps the model's probability, or gets ``forced_eos_p`` (transformers'
+    forced_eos_token_id gives it log-probability 0: probability 1)."""
     probs[:, PAD] = 0.0             # never predicted
     probs[:, BOS] = 0.0
     if cstate is not None:
@@ -196,7 +200,7 @@ def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate) -> None
         # Forced eos, keeping the model's own eos probability in the score (floored, so
         # that a model giving eos probability 0 still ends its hypotheses).
         rows = at_max.repeat_interleave(k)
-        eos_p = probs[rows, EOS].clamp(min=1e-30)
+        eos_p = probs[rows, EOS].clamp(min=1e-30) if forced_eos_p is None else forced_eos_p
         probs[rows] = 0.0
         probs[rows, EOS] = eos_p
 
