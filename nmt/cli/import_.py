@@ -75,14 +75,17 @@ def fairseq(checkpoint, data, bpe_codes, sentencepiece, moses, moses_no_dash_spl
     at most 200 tokens); any of its options still overrides. An architecture or option nmt
     cannot represent exactly is refused, naming it."""
     setup_logging(verbose, quiet)
-    from nmt.checkpoint import save_checkpoint
+    from nmt.checkpoint import load_model_from_checkpoint, save_checkpoint
+    from nmt.importers.common import check_output
     from nmt.importers.fairseq import import_fairseq
 
+    dest = check_output(output)
     ckpt = import_fairseq(checkpoint, data, bpe_codes=bpe_codes, sentencepiece=sentencepiece,
                           moses=moses, moses_no_dash_splits=moses_no_dash_splits,
                           moses_no_escape=moses_no_escape, source_lang=source_lang,
                           target_lang=target_lang)
-    dest = save_checkpoint(ckpt, output)
+    load_model_from_checkpoint(ckpt)      # every weight has the shape the config says
+    dest = save_checkpoint(ckpt, dest)
     sys.stdout.write(f"{dest}\n")
     sys.stdout.flush()
 

@@ -24,7 +24,9 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
+from nmt.importers.common import nmt_dictionary, permute_rows
 from nmt.importers.safe_pickle import load_foreign, plain
+from nmt.specials import BOS, EOS, PAD, UNK
 from nmt.io import check_readable, iter_lines
 
 WHAT = "fairseq checkpoint"
@@ -34,10 +36,10 @@ TRANSFORMER_ARCHS = frozenset({
     "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
     "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t", "transformer_tiny",
     "transformer_align", "transformer_wmt_en_de_big_align"})
-# fairseq's dictionary puts its specials first in this order; nmt's are PAD, BOS, EOS, UNK.
-FAIRSEQ_SPECIALS = {"bos": 0, "pad": 1, "eos": 2, "unk": 3}
-# Row i of an nmt embedding is row NMT_FROM_FAIRSEQ[i] of fairseq's (then the same symbols).
-NMT_FROM_FAIRSEQ = (1, 0, 2, 3)
+# fairseq's dictionary puts its specials first, in this order (ids 0-3) ...
+FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+# ... and nmt's special id -> fairseq's id of the same symbol (then the same symbols follow).
+NMT_FROM_FAIRSEQ = {PAD: 1, BOS: 0, EOS: 2, UNK: 3}
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
@@ -74,8 +76,8 @@ def _flatten(args: Mapping[str, Any]) -> dict:
 
 def load_dictionary(path: Path) -> Dictionary:
     """A fairseq dict.LANG.txt: ``symbol count [#fairseq:overwrite]`` lines after the four
-    implicit specials, madeupword padding included; nmt ids = fairseq ids with 0 and 1
-    swapped (pad and bos), which nmt's Dictionary gives when built from the same lines."""
+    implicit specials (<s>, <pad>, </s>, <unk>), madeupword padding included, as nmt's
+    Dictionary (its specials first, then the same symbols in the same order)."""
     p = check_readable(path, "fairseq dictionary", expected="a dict.LANG.txt file")
     symbols, counts = [], []
     for lineno, line in enumerate(iter_lines(p), 1):
@@ -87,18 +89,22 @@ def load_dictionary(path: Path) -> Dictionary:
             raise NmtError(f"{p}: line {lineno}: expected 'symbol count', got {line[:60]!r}")
         symbols.append(body)
         counts.append(max(0, int(field)))
-    d = Dictionary(symbols, counts)
+    try:
+        d, _ = nmt_dictionary(list(FAIRSEQ_SPECIALS) + symbols, NMT_FROM_FAIRSEQ)
+    except NmtError as e:
+        raise NmtError(f"{p}: {e}") from None
     if len(d) != len(symbols) + 4:
-        raise NmtError(f"{p}: repeats a symbol or names a special one (<s>, <pad>, </s>, "
-                       f"<unk>): not a dictionary nmt can map row for row")
+        raise NmtError(f"{p}: repeats a symbol: not a dictionary nmt can map row for row")
+    d.set_counts(d.counts[:4] + counts)
     return d
 
 
 def nmt_rows(fairseq_rows: torch.Tensor) -> torch.Tensor:
-    """Embedding/output rows in nmt's order: fairseq's with <s> and <pad> swapped."""
-    order = torch.arange(fairseq_rows.size(0))
-    order[:4] = torch.tensor(NMT_FROM_FAIRSEQ)
-    return fairseq_rows.index_select(0, order).clone()
+    """Embedding/output rows in nmt's order: fairseq's with <s> and <pad> swapped (what
+    nmt_dictionary's order is for every fairseq dictionary)."""
+    n = fairseq_rows.size(0)
+    order = [NMT_FROM_FAIRSEQ[i] for i in range(4)] + list(range(4, n))
+    return permute_rows(fairseq_rows, order)
 
 
 def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *,
@@ -182,9 +188,10 @@ def _check_sizes(state: dict, src_dict: Dictionary, tgt_dict: Dictionary, share_
 
 
 def _check_specials(args: Mapping[str, Any]) -> None:
-    for name, index in FAIRSEQ_SPECIALS.items():
+    """fairseq-train's --bos/--pad/--eos/--unk may move the specials: nmt maps the defaults."""
+    for (symbol, index), name in zip(FAIRSEQ_SPECIALS.items(), ("bos", "pad", "eos", "unk")):
         if args.get(name, index) != index:
-            raise NmtError(f"cannot import this fairseq model: its dictionary puts <{name}> "
+            raise NmtError(f"cannot import this fairseq model: its dictionary puts {symbol} "
                            f"at {args.get(name)} (fairseq's default, which nmt maps, is {index})")
 
 
