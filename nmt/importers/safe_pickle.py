@@ -33,8 +33,10 @@ from nmt.io import check_readable
 
 # Globals replaced by stand-ins: exact names, and module prefixes (configuration classes only).
 STAND_IN_NAMES = frozenset({
-    "argparse.Namespace", "numpy.dtype", "numpy.core.multiarray.scalar",
-    "numpy._core.multiarray.scalar", "collections.defaultdict"} | {
+    "argparse.Namespace", "collections.defaultdict", "numpy.dtype", "numpy.ndarray"} | {
+    # numpy scalars and arrays in training state (best loss, meters) of some versions.
+    f"numpy.{core}.multiarray.{f}" for core in ("core", "_core")
+    for f in ("scalar", "_reconstruct")} | {
     # Types that omegaconf's metadata names (a node's declared type), never called here.
     f"{module}.{t}" for module in ("builtins", "__builtin__")
     for t in ("dict", "list", "tuple", "str", "int", "long", "float", "bool", "bytes",
