@@ -15,6 +15,7 @@ lenpen 1.0 dividing by length, at most 200 tokens, decoding from </s>).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,6 +30,7 @@ from nmt.importers.safe_pickle import load_foreign, plain
 from nmt.specials import BOS, EOS, PAD, UNK
 from nmt.io import check_readable, iter_lines
 
+log = logging.getLogger("nmt.importers.fairseq")
 WHAT = "fairseq checkpoint"
 # fairseq's transformer family: one model class, these presets (same modules, other sizes).
 TRANSFORMER_ARCHS = frozenset({
@@ -141,6 +143,10 @@ def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *
     langs = _moses_pair(moses)
     src_codec = text_codec(src_dict, bpe_codes, sentencepiece, langs[0], options)
     tgt_codec = text_codec(tgt_dict, bpe_codes, sentencepiece, langs[1], options)
+    log.info("imported %s: fairseq %s, %d+%d layers, d_model %d, %s, %d/%d symbols, %s%s",
+             checkpoint, args.get("arch"), cfg.encoder_layers, cfg.decoder_layers, cfg.d_model,
+             "pre-norm" if cfg.pre_norm else "post-norm", len(src_dict), len(tgt_dict),
+             src_codec.kind, f", Moses {moses}" if moses else "")
     return make_checkpoint(model_config=cfg, model_state=weights, share_all_embeddings=share_all,
                            src_codec=src_codec, tgt_codec=tgt_codec, src_lang=src_lang,
                            tgt_lang=tgt_lang)
