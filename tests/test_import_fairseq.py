@@ -269,3 +269,10 @@ def test_omegaconf_configuration_reads_as_plain_data():
     args, state = read_checkpoint(FIXTURES / "omegaconf_cfg.pt")
     ref, _ = read_checkpoint(FIXTURES / "postnorm_shared" / "checkpoint_last.pt")
     assert args == ref and list(state) == ["encoder.version"]
+
+
+def test_arguments_without_sizes_are_refused(tmp_path):
+    ckpt = edited_checkpoint(tmp_path, encoder_layers=None)
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+                           + ["-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "encoder_layers" in r.stderr

@@ -37,6 +37,10 @@ BT_COPIES = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias
              "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 
 
+SIZES = ("encoder_embed_dim", "encoder_layers", "decoder_layers", "encoder_ffn_embed_dim",
+         "encoder_attention_heads")
+
+
 def refuse(option: str, what: str) -> NmtError:
     return NmtError(f"cannot import this fairseq model: {what} ({option}) has no exact "
                     f"equivalent in nmt")
@@ -57,6 +61,9 @@ def model_fields(args: Mapping[str, Any]) -> dict:
     for option, what in UNSUPPORTED.items():
         if _set(args.get(option)):
             raise refuse(option, what)
+    missing = [k for k in SIZES if not isinstance(args.get(k), int)]
+    if missing:
+        raise NmtError(f"not a fairseq transformer's arguments: no {', '.join(missing)}")
     d = args["encoder_embed_dim"]
     for a, b in (("encoder_embed_dim", "decoder_embed_dim"),
                  ("decoder_embed_dim", "decoder_input_dim"),
