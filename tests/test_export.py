@@ -350,7 +350,7 @@ def test_cli_bad_input_is_one_line(ckpt_file, tmp_path):
     assert "'int4' is not one of" in one_line(err) and "--quantization" in err
 
     code, out, err = invoke([ckpt_file, tmp_path / "out", "--format", "onnx"])
-    assert code == 2 and "'onnx' is not 'ctranslate2'" in one_line(err)
+    assert code == 2 and "'onnx' is not one of 'ctranslate2', 'huggingface'" in one_line(err)
 
     (tmp_path / "file").write_text("x")
     code, out, err = invoke([ckpt_file, tmp_path / "file"])
