@@ -27,8 +27,8 @@ from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
 from nmt.importers.common import nmt_dictionary, permute_rows
 from nmt.importers.safe_pickle import load_foreign, plain
-from nmt.specials import BOS, EOS, PAD, UNK
 from nmt.io import check_readable, iter_lines
+from nmt.specials import BOS, EOS, PAD, UNK
 
 log = logging.getLogger("nmt.importers.fairseq")
 WHAT = "fairseq checkpoint"
