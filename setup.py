@@ -36,11 +36,18 @@ setup(
         # tensorboard: the tests read --tensorboard-logdir's event files back;
         # starlette + uvicorn: the tests run nmt-serve
         "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5",
-                 "tensorboard>=2.14,<3", "starlette>=0.37,<2", "uvicorn>=0.29,<1"],
+                 "tensorboard>=2.14,<3", "starlette>=0.37,<2", "uvicorn>=0.29,<1",
+                 "subword-nmt>=0.3.8,<0.4", "transformers>=4.40,<6", "safetensors>=0.4,<1"],
         "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
         "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
         "export": ["ctranslate2>=4,<5"],           # nmt-export --format ctranslate2
         "serve": ["starlette>=0.37,<2", "uvicorn>=0.29,<1"],   # nmt-serve
+        # nmt-import fairseq --bpe-codes: subword-nmt, the code fairseq itself runs, applies
+        # the codes, so that imported models see exactly the subwords they were trained on.
+        "fairseq": ["subword-nmt>=0.3.8,<0.4"],
+        # nmt-import huggingface reads model.safetensors; nmt-export --format huggingface
+        # writes it, and transformers runs the result (MarianMTModel, MarianTokenizer).
+        "hf": ["transformers>=4.40,<6", "safetensors>=0.4,<1"],
     },
     entry_points={
         "console_scripts": [
@@ -50,6 +57,7 @@ setup(
             "nmt-score=nmt.cli.score:main",
             "nmt-export=nmt.cli.export:main",
             "nmt-serve=nmt.cli.serve:main",
+            "nmt-import=nmt.cli.import_:main",
         ]
     },
 )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
 from nmt.errors import UsageError, suggest
+from nmt.specials import START_IDS
 
 
 # Upper bounds, checked by ModelConfig.validate: generous for real models (the presets stay far
@@ -46,11 +47,20 @@ class ModelConfig:
     positional: str = "sinusoidal"   # "sinusoidal" (eq. 4) or "learned" (Table 3 row E)
     max_positions: int = 1024        # longest sequence (in subwords) the model accepts
     pre_norm: bool = False           # False: LayerNorm(x + Dropout(Sublayer(x))) as the paper
-    activation: str = "relu"         # "relu" (paper) or "gelu"
+    activation: str = "relu"         # "relu" (paper), "gelu" (exact, erf) or "swish" (SiLU)
     layer_norm_eps: float = 1e-5
+    # --- what imported models (fairseq, Marian/OPUS-MT) need; the defaults are the paper's ---
+    scale_embedding: bool = True     # multiply embeddings by sqrt(d_model) (section 3.4)
+    sinusoid_layout: str = "interleaved"   # see nmt.models.layers.SINUSOID_LAYOUTS
+    position_offset: int = 0         # index of the first real position (fairseq: pad + 1 = 2)
+    layernorm_embedding: bool = False   # LayerNorm after embeddings + positions, before dropout
+    output_bias: bool = False        # a bias on the output logits (Marian's final_logits_bias)
+    tie_output: bool = True          # output projection = target embedding (section 3.4)
+    decoder_start: str = "bos"       # what the decoder reads first: "bos", "eos" (fairseq), "pad"
     # --- decoding defaults carried by the preset (section 6.1 / 6.3) ---
     beam: int = 4
-    lenpen: float = 0.6              # alpha of the GNMT length penalty
+    lenpen: float = 0.6              # alpha of the length penalty
+    lenpen_formula: str = "gnmt"     # nmt.search.length_penalty.FORMULAS
     max_len_a: float = 1.0           # max output length = a * source length + b
     max_len_b: int = 50
 
@@ -65,6 +75,11 @@ class ModelConfig:
     @property
     def head_dim_v(self) -> int:
         return self.d_v if self.d_v is not None else self.d_model // self.heads
+
+    @property
+    def start_id(self) -> int:
+        """Id of the symbol the decoder starts from (nmt.specials.START_IDS)."""
+        return START_IDS[self.decoder_start]
 
     def validate(self) -> None:
         def bad(msg: str) -> UsageError:
@@ -89,8 +104,12 @@ class ModelConfig:
                 raise bad(f"{name} must be in [0, 1), got {v}")
         if self.positional not in ("sinusoidal", "learned"):
             raise bad(f"positional must be 'sinusoidal' or 'learned', got '{self.positional}'")
-        if self.activation not in ("relu", "gelu"):
-            raise bad(f"activation must be 'relu' or 'gelu', got '{self.activation}'")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise bad(f"{name} must be one of {', '.join(allowed)}, "
+                          f"got '{getattr(self, name)}'")
+        if self.position_offset < 0:
+            raise bad(f"position_offset must be >= 0, got {self.position_offset}")
         if self.lenpen < 0:
             raise bad(f"lenpen must be >= 0, got {self.lenpen}")
         for name in ("lenpen", "max_len_a", "layer_norm_eps"):
@@ -108,6 +127,16 @@ class ModelConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
         """Rebuild from ``to_dict`` output (e.g. from a checkpoint); unknown keys are an error."""
         return apply_overrides(cls(), dict(d), source="checkpoint")
+
+
+# The string fields' values (defaults first). Kept here, not imported from the modules that
+# implement them, so that this module stays importable without torch.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "activation": ("relu", "gelu", "swish"),
+    "sinusoid_layout": ("interleaved", "fairseq", "marian"),
+    "decoder_start": ("bos", "eos", "pad"),
+    "lenpen_formula": ("gnmt", "fairseq", "hf"),
+}
 
 
 # Keys accepted by overrides that are not fields: they set several fields at once.
@@ -190,4 +219,5 @@ def apply_overrides(cfg: ModelConfig, overrides: Mapping[str, Any],
 
 # Training and data configs live beside the code that uses them (nmt.training, nmt.data), but
 # the model config is here because every command needs it.
-__all__ = ["ModelConfig", "LIMITS", "apply_overrides", "parse_overrides", "config_keys", "field"]
+__all__ = ["ModelConfig", "CHOICES", "LIMITS", "apply_overrides", "parse_overrides", "config_keys",
+           "field"]

@@ -15,17 +15,21 @@ writes a CTranslate2 model directory that translates as nmt does, without nmt::
 
 How nmt's Transformer maps onto CTranslate2's ``TransformerSpec``:
 
-- post-norm (the paper's) or pre-norm layers with LayerNorm epsilon ``layer_norm_eps``; ReLU or
-  exact (erf) GELU; biases on every linear layer; the fused query/key/value (self-attention)
+- post-norm (the paper's) or pre-norm layers with LayerNorm epsilon ``layer_norm_eps``; ReLU,
+  exact (erf) GELU or swish; biases on every linear layer; the fused query/key/value (self-attention)
   and key/value (encoder-decoder attention) projections are CTranslate2's layout already;
-- embeddings scaled by sqrt(d_model) (CTranslate2's ``scale_embeddings``), the output projection
-  tied to the target embedding (CTranslate2 stores a shared matrix once);
-- positions: nmt's sinusoids interleave sin/cos (eq. 4) from position 0, CTranslate2's built-in
-  ones are concatenated halves from position 1 with another frequency spacing, so the table is
-  written out explicitly (``position_encodings/encodings``), as are learned positions;
-- every source gets ``</s>`` appended (``add_source_eos``), decoding starts from ``<s>``;
+- embeddings scaled by sqrt(d_model) or not (CTranslate2's ``scale_embeddings``), optionally
+  layer-normalized (``layernorm_embedding``); the output projection tied to the target
+  embedding (CTranslate2 stores a shared matrix once) or its own matrix (``tie_output`` off);
+- positions: nmt's sinusoids interleave sin/cos (eq. 4) from position 0 (imported models' use
+  other layouts and offsets), CTranslate2's built-in ones are concatenated halves from position
+  1 with another frequency spacing, so the table is written out explicitly
+  (``position_encodings/encodings``), as are learned positions;
+- every source gets ``</s>`` appended (``add_source_eos``), decoding starts from the model's
+  start symbol (``<s>``; ``</s>`` or ``<pad>`` for imported models);
 - nmt never predicts ``<pad>`` or ``<s>``: the output projection gets a bias of -1e4 on those
-  two ids (0 elsewhere), so CTranslate2 never predicts them either.
+  two ids (0 elsewhere, or the model's own output bias), so CTranslate2 never predicts them
+  either.
 
 What a model directory cannot carry is decoding: the GNMT length penalty, the length limit
 a * source length + b and nmt's handling of them. README.txt gives the CTranslate2 settings:
@@ -54,7 +58,7 @@ from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.export")
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "huggingface")   # the second: nmt.export_hf
 # CTranslate2's weight types: float32 (exact), int8 (8-bit weights with per-row scales; the
 # other weights keep their type, float32 here) and int8_float32 (the others made float32).
 QUANTIZATIONS = ("float32", "int8_float32", "int8")
@@ -85,12 +89,21 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
     if not isinstance(checkpoint, dict):
         check_readable(checkpoint, "checkpoint", expected="a checkpoint file")
     dest = _check_destination(out, force, None if isinstance(checkpoint, dict) else checkpoint)
+    if format == "huggingface":
+        if quantization != "float32":
+            raise UsageError("--quantization goes with --format ctranslate2 (a huggingface "
+                             "export holds float32 weights)")
+        from nmt.export_hf import export_huggingface
+
+        ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+        return export_huggingface(inference_checkpoint(ckpt), dest, name)
     ct2 = import_ctranslate2()
     ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     # Without the optimizer state of a training checkpoint: it would only take memory.
     model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
     src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)
     check_exportable(model.cfg, tgt_codec, name)
+    check_pipeline_described(src_codec, tgt_codec, name)
 
     spec = ctranslate2_spec(ct2, model, src_codec.dictionary.symbols,
                             tgt_codec.dictionary.symbols)
@@ -151,6 +164,20 @@ def check_exportable(cfg, tgt_codec, name: str = "checkpoint") -> None:
                        f"CTranslate2 cannot apply")
 
 
+def check_pipeline_described(src_codec, tgt_codec, name: str = "checkpoint") -> None:
+    """NmtError for a text pipeline that README.txt and translate.py do not write out (an
+    imported fairseq model's BPE codes or Moses settings): the export would translate, but
+    the instructions beside it would tokenize differently from nmt-generate."""
+    for side, codec in (("source", src_codec), ("target", tgt_codec)):
+        what = ([f"{codec.kind} subwords"] if codec.kind in ("subword_nmt",
+                                                             "fairseq_sentencepiece") else []
+                ) + (["fairseq's Moses settings"] if codec.moses_options else [])
+        if what:
+            raise NmtError(f"{name}: cannot export to CTranslate2 yet: nmt-export does not "
+                           f"write out its {side} text pipeline ({' and '.join(what)}); "
+                           f"translate it with nmt-generate")
+
+
 def position_rows(cfg) -> int:
     """Rows of the position table: the learned ones, or as many sinusoids as nmt's longest
     source (MAX_SOURCE_LEN + eos) or output (bos + max_len) needs with the preset's
@@ -170,9 +197,10 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
 
     specs = ct2.specs
     cfg = model.cfg
-    activation = (specs.Activation.RELU if cfg.activation == "relu" else specs.Activation.GELU)
+    activation = {"relu": specs.Activation.RELU, "gelu": specs.Activation.GELU,
+                  "swish": specs.Activation.SWISH}[cfg.activation]
     head_dim = cfg.head_dim_k
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"layernorm_embedding": cfg.layernorm_embedding}
     if head_dim * cfg.heads != cfg.d_model:
         extra["head_dim"] = head_dim
     encoder = specs.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, pre_norm=cfg.pre_norm,
@@ -199,13 +227,18 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
         s.beta = arr(layer.bias)
 
     if cfg.positional == "learned":
-        src_pos, tgt_pos = arr(model.src_pos.weight), arr(model.tgt_pos.weight)
+        # CTranslate2 reads row p for position p: the rows before position_offset are unused.
+        src_pos = arr(model.src_pos.weight)[cfg.position_offset:]
+        tgt_pos = arr(model.tgt_pos.weight)[cfg.position_offset:]
     else:
-        src_pos = tgt_pos = sinusoid_table(position_rows(cfg), cfg.d_model).numpy()
+        src_pos = tgt_pos = sinusoid_table(position_rows(cfg), cfg.d_model, cfg.position_offset,
+                                           cfg.sinusoid_layout).numpy()
 
     encoder.embeddings[0].weight = arr(model.src_embed.weight)
-    encoder.scale_embeddings = True                  # sqrt(d_model), as nmt
+    encoder.scale_embeddings = cfg.scale_embedding   # sqrt(d_model), as nmt
     encoder.position_encodings.encodings = src_pos
+    if cfg.layernorm_embedding:
+        norm(encoder.layernorm_embedding, model.src_embed_norm)
     def self_attention_and_ffn(s, layer, ffn_norm) -> None:
         linear(s.self_attention.linear[0], layer.self_attn.in_proj)      # [q; k; v]
         linear(s.self_attention.linear[1], layer.self_attn.out_proj)
@@ -220,8 +253,10 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
         norm(encoder.layer_norm, model.encoder_norm)
 
     decoder.embeddings.weight = arr(model.tgt_embed.weight)
-    decoder.scale_embeddings = True
+    decoder.scale_embeddings = cfg.scale_embedding
     decoder.position_encodings.encodings = tgt_pos
+    if cfg.layernorm_embedding:
+        norm(decoder.layernorm_embedding, model.tgt_embed_norm)
     for s, layer in zip(decoder.layer, model.decoder_layers):
         self_attention_and_ffn(s, layer, layer.res3.norm)
         linear(s.attention.linear[0], layer.cross_attn.q_proj)
@@ -230,8 +265,10 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
         norm(s.attention.layer_norm, layer.res2.norm)
     if cfg.pre_norm:
         norm(decoder.layer_norm, model.decoder_norm)
-    decoder.projection.weight = arr(model.tgt_embed.weight)               # tied (section 3.4)
+    decoder.projection.weight = arr(model.projection_weight)       # tied unless tie_output off
     bias = torch.zeros(len(tgt_symbols), dtype=torch.float32)
+    if model.output_bias is not None:
+        bias += model.output_bias.detach().float().cpu()
     bias[[PAD, BOS]] = FORBIDDEN_BIAS
     decoder.projection.bias = bias.numpy()
 
@@ -240,7 +277,7 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
     spec.config.add_source_bos = False
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = (
         SPECIALS[BOS], SPECIALS[EOS], SPECIALS[UNK])
-    spec.config.decoder_start_token = SPECIALS[BOS]
+    spec.config.decoder_start_token = SPECIALS[cfg.start_id]
     spec.register_source_vocabulary(list(src_symbols))
     spec.register_target_vocabulary(list(tgt_symbols))
     return spec
@@ -272,7 +309,8 @@ def export_info(ckpt: dict, model, src_codec, tgt_codec, quantization: str, ct2_
         "joined_vocabulary": joined,
         "source": side(src_codec, "source"), "target": side(tgt_codec, "target"),
         "specials": {s: i for i, s in enumerate(SPECIALS)},
-        "decoding": {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
+        "decoding": {"beam": cfg.beam, "lenpen": cfg.lenpen,
+                     "lenpen_formula": cfg.lenpen_formula, "max_len_a": cfg.max_len_a,
                      "max_len_b": cfg.max_len_b, "max_source_len": max_source,
                      # CTranslate2's max_decoding_length may not exceed it: nmt's own cap
                      # with learned positions, the position table's rows with sinusoids.
@@ -361,6 +399,16 @@ def python_snippet(info: dict) -> str:
 
     beam, alpha = dec["beam"], dec["lenpen"]
     a, b = dec["max_len_a"], dec["max_len_b"]
+    if dec.get("lenpen_formula", "gnmt") == "gnmt":
+        score = ["def gnmt_score(hypothesis):        # nmt's: log P / ((5 + |Y|) / 6)^alpha, "
+                 "|Y| with </s>",
+                 "    pieces, log_prob = hypothesis",
+                 "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA"]
+    else:
+        score = ["def gnmt_score(hypothesis):        # this model's: log P / |Y|^alpha, |Y| with "
+                 "</s>",
+                 "    pieces, log_prob = hypothesis",
+                 "    return log_prob / (len(pieces) + 1) ** ALPHA"]
     return "\n".join([
         SNIPPET_BEGIN,
         *imports,
@@ -383,9 +431,7 @@ def python_snippet(info: dict) -> str:
         *from_pieces,
         "",
         "",
-        "def gnmt_score(hypothesis):        # nmt's: log P / ((5 + |Y|) / 6)^alpha, |Y| with </s>",
-        "    pieces, log_prob = hypothesis",
-        "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA",
+        *score,
         "",
         "",
         "def translate(lines, beam=BEAM):",

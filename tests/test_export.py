@@ -277,7 +277,8 @@ def test_directory_contents_map_ids_as_nmt(trained, tmp_path):
     assert (config["bos_token"], config["eos_token"], config["unk_token"],
             config["decoder_start_token"]) == ("<s>", "</s>", "<unk>", "<s>")
     info = json.loads((out / "nmt_export.json").read_text())
-    assert info["decoding"] == {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 50,
+    assert info["decoding"] == {"beam": 4, "lenpen": 0.6, "lenpen_formula": "gnmt",
+                                "max_len_a": 1.0, "max_len_b": 50,
                                 "max_source_len": 1024, "max_output_len": 1075}
     readme = (out / "README.txt").read_text(encoding="utf-8")
     for needed in ("beam_size=4", "min_decoding_length=0", "max_input_length=1025",
@@ -350,7 +351,7 @@ def test_cli_bad_input_is_one_line(ckpt_file, tmp_path):
     assert "'int4' is not one of" in one_line(err) and "--quantization" in err
 
     code, out, err = invoke([ckpt_file, tmp_path / "out", "--format", "onnx"])
-    assert code == 2 and "'onnx' is not 'ctranslate2'" in one_line(err)
+    assert code == 2 and "'onnx' is not one of 'ctranslate2', 'huggingface'" in one_line(err)
 
     (tmp_path / "file").write_text("x")
     code, out, err = invoke([ckpt_file, tmp_path / "file"])

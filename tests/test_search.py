@@ -431,3 +431,80 @@ def test_ensemble_averages_probabilities():
     assert torch.allclose(p, (p1 + p2) / 2, atol=1e-6)
     res = beam_search(ens, src, SearchConfig(beam=3, max_len_b=5).resolve())
     assert all(r[0].tokens[-1] == EOS for r in res)
+
+
+# --- length penalty formulas (issue 28): fairseq's and transformers' ---------------------------
+
+def reference_beam_rule(dist, key, beam, alpha, max_len, formula):
+    """reference_beam with lp(|Y|) = |Y|^alpha, and, for "hf", transformers' rule for when a
+    sentence is done (early_stopping=False): ``beam`` finished hypotheses and the best live
+    one, normalized at its current length, no better than the worst of the ``beam`` best
+    (and the eos forced at the length limit scoring 0)."""
+    live, finished = [((), 0.0)], []
+    for step in range(max_len + 1):
+        cands = []
+        for b, (prefix, score) in enumerate(live):
+            p = dist(key, prefix)
+            for tok in range(V):
+                if p[tok] > 0 and (step < max_len or tok == EOS):
+                    # transformers' forced eos (at the length limit) has log-probability 0
+                    lp = 0.0 if step == max_len and formula == "hf" else math.log(p[tok])
+                    cands.append((score + lp, b * V + tok, b, tok))
+        cands.sort(key=lambda c: (-c[0], c[1]))
+        cands = cands[:2 * beam]
+        for j, (s, _, b, tok) in enumerate(cands):
+            if tok == EOS and j < beam:
+                finished.append((s / (step + 1) ** alpha, live[b][0] + (EOS,)))
+        live = [(live[b][0] + (tok,), s) for s, _, b, tok in cands if tok != EOS][:beam]
+        if not live:
+            break
+        kept = sorted((f[0] for f in finished), reverse=True)[:beam]
+        if len(kept) >= beam and (formula == "fairseq"
+                                  or live[0][1] / (step + 1) ** alpha <= kept[-1]):
+            break
+    return max(finished, key=lambda f: f[0])
+
+
+def test_length_penalty_formulas():
+    assert length_penalty(7, 1.0, "fairseq") == 7.0
+    assert length_penalty(7, 0.5, "hf") == pytest.approx(7 ** 0.5)
+    assert length_penalty(7, 0.0, "fairseq") == 1.0
+    assert length_penalty(torch.tensor([2, 8]), 1.0, "fairseq").tolist() == [2.0, 8.0]
+    assert length_penalty(7, 0.6) == length_penalty(7, 0.6, "gnmt")
+    with pytest.raises(ValueError, match="unknown length penalty formula"):
+        length_penalty(3, 1.0, "marian")
+    with pytest.raises(UsageError, match="unknown length penalty formula"):
+        SearchConfig(lenpen_formula="marian")
+    # the preset's formula fills an unset one; a config without it decodes as GNMT
+    assert SearchConfig(beam=2).resolve(nmt.get_arch("transformer_tiny", {
+        "lenpen_formula": "hf"})).lenpen_formula == "hf"
+    assert SearchConfig(beam=2, lenpen=1.0, max_len_a=0, max_len_b=3).formula == "gnmt"
+
+
+@pytest.mark.parametrize("formula", ["fairseq", "hf"])
+@pytest.mark.parametrize("beam,alpha", [(2, 1.0), (4, 1.0), (3, 0.5), (5, 2.0)])
+def test_fairseq_and_hf_formulas_match_their_reference(formula, beam, alpha):
+    keys = list(range(40, 70))
+    src = torch.tensor([[k, EOS] for k in keys])
+    cfg = SearchConfig(beam=beam, lenpen=alpha, lenpen_formula=formula, max_len_a=0.0,
+                       max_len_b=8)
+    got = beam_search(EnsembleModel([ScriptedModel(random_dist)]), src, cfg)
+    for k, hyps in zip(keys, got):
+        score, tokens = reference_beam_rule(random_dist, k, beam, alpha, 8, formula)
+        assert hyps[0].tokens == list(tokens)
+        assert hyps[0].score == pytest.approx(score, abs=1e-4)
+
+
+def test_hf_rule_goes_on_where_fairseq_stops():
+    # beam 2, alpha 1: "</s>" (log .5 = -0.69) finishes at step 0, "A </s>" (log .15 / 2 =
+    # -0.95) at step 1: two finished, so fairseq's rule stops with "</s>". transformers' goes
+    # on, since the best live "B C" (log .2 / 2 = -0.80 at its current length) beats the worst
+    # finished (-0.95), and finds "B C </s>" (log .2 / 3 = -0.54).
+    tree = {12: {(): {EOS: .5, A: .3, B: .2}, (A,): {EOS: .5, D: .5},
+                 (B,): {C: 1.0}, (B, C): {EOS: 1.0}, (A, D): {EOS: 1.0}}}
+    dist = table_dist(tree)
+    fairseq = run(dist, [12], beam=2, lenpen=1.0, lenpen_formula="fairseq")[0][0]
+    hf = run(dist, [12], beam=2, lenpen=1.0, lenpen_formula="hf")[0][0]
+    assert fairseq.tokens == [EOS]
+    assert hf.tokens == [B, C, EOS]
+    assert hf.score == pytest.approx(math.log(.2) / 3, abs=1e-5)

@@ -194,6 +194,11 @@ class Command(click.Command):
         return names + ["--help"]
 
 
+class Group(Command, click.Group):
+    """A click group (a command with subcommands, ``nmt-import huggingface ...``) whose usage
+    errors are one line too: ``@click.group(cls=Group, prog="nmt-import")``."""
+
+
 def suggest_option(given: str, options: list[str]) -> str:
     """' (did you mean --x?)': an option that the given one starts (--lr -> --lr-scale), is
     spelled alike without dashes (--train-pref -> --trainpref), or resembles; else ''."""

@@ -1,9 +1,12 @@
-"""nmt-export: a checkpoint as a CTranslate2 model directory, to translate without nmt.
+"""nmt-export: a checkpoint as a CTranslate2 or transformers (Marian) model directory, to
+translate without nmt.
 
     nmt-export ckpt/checkpoint_best.pt ende-ct2 --format ctranslate2 --quantization int8
+    nmt-export ende.pt ende-hf --format huggingface      # MarianMTModel.from_pretrained
     nmt-train data-bin ... | nmt-export - ende-ct2
 
-Needs the optional ctranslate2 package (pip install 'nmt[export]'). The directory (weights,
+CTranslate2 needs the optional ctranslate2 package (pip install 'nmt[export]'), huggingface
+safetensors (pip install 'nmt[hf]', with transformers to run it). The directory (weights,
 vocabularies, subword models, README.txt with the decoding settings that match nmt-generate)
 is written under a temporary name beside OUT and renamed when complete; its path is the one
 line on stdout.
@@ -28,7 +31,9 @@ PRECISION_NAMES = {"fp32": "float32", "int8": "int8"}
 @click.argument("checkpoint", metavar="CKPT")
 @click.argument("out", metavar="OUT")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=FORMATS[0],
-              show_default=True, help="What to export to.")
+              show_default=True,
+              help="What to export to: a CTranslate2 model directory, or a transformers "
+                   "Marian directory (MarianMTModel, MarianTokenizer).")
 @click.option("--quantization", type=click.Choice(list(QUANTIZATIONS)), default=None,
               help="Weight type: float32 translates as nmt does (greedy decoding: token for "
                    "token); int8 and int8_float32 (the same for these models: 8-bit weights, "
@@ -50,7 +55,6 @@ def main(checkpoint, out, fmt, quantization, precision, force, verbose, quiet):
         checkpoint = read_path_from_stdin("checkpoint")
     dest = export_model(checkpoint, out, format=fmt, quantization=quantization, force=force)
     print_line(str(dest))
-
 
 
 def _quantization(quantization: str | None, precision: str | None) -> str:

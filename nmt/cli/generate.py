@@ -197,6 +197,8 @@ def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> N
                f"{c.temperature:g}, seed {c.seed}), {s.nbest} per line")
     else:
         how = f"beam {s.beam}, lenpen {s.lenpen:g}"
+        if s.formula != "gnmt":
+            how += f" ({s.formula} formula)"
     log.info("%s, max length %g * source + %d, %d model(s) on %s, %s", how, s.max_len_a,
              s.max_len_b, len(translator.ensemble), translator.device, precision)
 

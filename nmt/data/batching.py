@@ -58,8 +58,10 @@ class Batch:
                      pos)
 
 
-def collate(data: SizedParallelData, indices: Sequence[int] | np.ndarray) -> Batch:
-    """Build a :class:`Batch` from sentence indices."""
+def collate(data: SizedParallelData, indices: Sequence[int] | np.ndarray,
+            start: int = BOS) -> Batch:
+    """Build a :class:`Batch` from sentence indices; the decoder input starts with ``start``
+    (the model's ModelConfig.start_id: bos unless an imported model starts from eos or pad)."""
     idx = np.asarray(indices, dtype=np.int64)
     src_len = data.src_sizes[idx].astype(np.int64) + 1          # + eos
     tgt_len = data.tgt_sizes[idx].astype(np.int64) + 1
@@ -72,7 +74,7 @@ def collate(data: SizedParallelData, indices: Sequence[int] | np.ndarray) -> Bat
         y = data.tgt(int(i))
         src[row, :len(x)] = x
         src[row, len(x)] = EOS
-        prev[row, 0] = BOS
+        prev[row, 0] = start
         prev[row, 1:len(y) + 1] = y
         tgt[row, :len(y)] = y
         tgt[row, len(y)] = EOS
@@ -81,11 +83,11 @@ def collate(data: SizedParallelData, indices: Sequence[int] | np.ndarray) -> Bat
                  int(tgt_len.sum()), b, int(src_len.sum()), torch.from_numpy(positions))
 
 
-def dummy_batch() -> Batch:
+def dummy_batch(start: int = BOS) -> Batch:
     """A one-token batch for a rank with nothing left this step; its loss is multiplied by 0 but
     it still runs forward/backward so that the gradient all-reduce happens on every rank."""
     one = torch.tensor([[EOS]], dtype=torch.int64)
-    return Batch(one, torch.tensor([[BOS]], dtype=torch.int64), one.clone(), 0, 0, 0,
+    return Batch(one, torch.tensor([[start]], dtype=torch.int64), one.clone(), 0, 0, 0,
                  torch.zeros(1, dtype=torch.int64))
 
 

@@ -23,13 +23,15 @@ class TextCodec:
     """Encode raw text to ids (no eos) and decode ids to detokenized text."""
 
     def __init__(self, subword: SubwordModel, dictionary: Dictionary | None = None,
-                 moses_lang: str | None = None):
+                 moses_lang: str | None = None, moses_options: dict | None = None):
         self.subword = subword
         self.dictionary: Dictionary = dictionary if dictionary is not None else subword.dictionary()
         if subword.kind != "none" and len(self.dictionary) != len(subword.dictionary()):
             raise NmtError(f"dictionary has {len(self.dictionary)} symbols but the "
                            f"{subword.kind} model has {len(subword.dictionary())}")
         self.moses_lang = moses_lang
+        # None: nmt's own Moses settings; imported models carry their toolkit's (MOSES_KEYS).
+        self.moses_options = None if moses_options is None else _moses_options(moses_options)
 
     @property
     def kind(self) -> str:
@@ -46,13 +48,18 @@ class TextCodec:
     def _tokenize(self, line: str) -> str:
         if self.moses_lang is None:
             return line
+        if self.moses_options is not None:
+            o = self.moses_options
+            return moses.tokenize(line, self.moses_lang, escape=o["escape"],
+                                  aggressive_dash_splits=o["aggressive_dash_splits"])
         # escape=False: keep '&' and '<' as they are instead of XML entities.
         return moses.tokenize(line, self.moses_lang, escape=False)
 
     def _detokenize(self, text: str) -> str:
         if self.moses_lang is None:
             return text
-        return moses.detokenize(text, self.moses_lang)
+        unescape = self.moses_options is not None and self.moses_options["unescape"]
+        return moses.detokenize(text, self.moses_lang, unescape=unescape)
 
     # --- encoding ------------------------------------------------------------------------------
     def _ids(self, lines: Sequence[str]) -> list[list[int]]:
@@ -109,8 +116,11 @@ class TextCodec:
     # --- persistence ---------------------------------------------------------------------------
     def to_state(self) -> dict:
         """Plain Python types only: safe inside a ``torch.load(weights_only=True)`` checkpoint."""
-        return {"version": STATE_VERSION, "subword": self.subword.to_state(),
-                "dictionary": self.dictionary.to_state(), "moses_lang": self.moses_lang}
+        state = {"version": STATE_VERSION, "subword": self.subword.to_state(),
+                 "dictionary": self.dictionary.to_state(), "moses_lang": self.moses_lang}
+        if self.moses_options is not None:
+            state["moses_options"] = dict(self.moses_options)
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> "TextCodec":
@@ -120,7 +130,7 @@ class TextCodec:
                            f"this nmt reads version {STATE_VERSION}")
         dictionary = Dictionary.from_state(state["dictionary"])
         subword = model_from_state(state["subword"], dictionary)
-        codec = cls(subword, dictionary, state.get("moses_lang"))
+        codec = cls(subword, dictionary, state.get("moses_lang"), state.get("moses_options"))
         if subword.kind != "none" and subword.dictionary() != dictionary:
             raise NmtError("text codec state is inconsistent: the dictionary does not match "
                            "the subword model")
@@ -130,7 +140,20 @@ class TextCodec:
         """True when both encode and decode identically."""
         return self.to_state() == other.to_state() or (
             self.subword.to_state() == other.subword.to_state()
-            and self.dictionary == other.dictionary and self.moses_lang == other.moses_lang)
+            and self.dictionary == other.dictionary and self.moses_lang == other.moses_lang
+            and self.moses_options == other.moses_options)
+
+
+# Moses settings a codec may carry (all three False is nmt's own way).
+MOSES_KEYS = ("escape", "aggressive_dash_splits", "unescape")
+
+
+def _moses_options(options: dict) -> dict:
+    if not isinstance(options, dict) or set(options) != set(MOSES_KEYS) or not all(
+            isinstance(v, bool) for v in options.values()):
+        raise NmtError(f"invalid Moses options in a text codec: {options!r} (expected "
+                       f"{', '.join(MOSES_KEYS)}, each true or false)")
+    return {k: options[k] for k in MOSES_KEYS}
 
 
 def whitespace_codec(dictionary: Dictionary, moses_lang: str | None = None) -> TextCodec:

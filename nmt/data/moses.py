@@ -36,17 +36,22 @@ def punct_normalizer(lang: str):
     return MosesPunctNormalizer(lang)
 
 
-def tokenize(line: str, lang: str, escape: bool = False) -> str:
-    """Moses tokens of ``line`` joined by spaces, without aggressive hyphen splitting (no
-    ``-a``). ``escape=False`` (the codecs) keeps '&' and '<' as they are; ``escape=True`` is
-    ``tokenizer.perl``'s default (XML entities), what tok-BLEU scores."""
-    return tokenizer(lang).tokenize(line, escape=escape, aggressive_dash_splits=False,
+def tokenize(line: str, lang: str, escape: bool = False,
+             aggressive_dash_splits: bool = False) -> str:
+    """Moses tokens of ``line`` joined by spaces, by default without aggressive hyphen splitting
+    (no ``-a``). ``escape=False`` (the codecs) keeps '&' and '<' as they are; ``escape=True`` is
+    ``tokenizer.perl``'s default (XML entities), what tok-BLEU scores. fairseq's
+    ``--tokenizer moses`` escapes and splits hyphens (unless --moses-no-escape /
+    --moses-no-dash-splits)."""
+    return tokenizer(lang).tokenize(line, escape=escape,
+                                    aggressive_dash_splits=aggressive_dash_splits,
                                     return_str=True)
 
 
-def detokenize(text: str, lang: str) -> str:
-    """Undo :func:`tokenize` (with ``escape=False``) on whitespace-separated tokens."""
-    return detokenizer(lang).detokenize(text.split(), unescape=False)
+def detokenize(text: str, lang: str, unescape: bool = False) -> str:
+    """Undo :func:`tokenize` on whitespace-separated tokens; ``unescape`` turns XML entities
+    back into characters (fairseq's detokenizer always does)."""
+    return detokenizer(lang).detokenize(text.split(), unescape=unescape)
 
 
 __all__ = ["tokenizer", "detokenizer", "punct_normalizer", "tokenize", "detokenize"]

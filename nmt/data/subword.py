@@ -117,6 +117,56 @@ def _spm_reason(e: Exception) -> str:
     return text.replace("INTERNAL: ", "")[:120]
 
 
+class SentencePieceVocab(SentencePieceBPE):
+    """A sentencepiece model whose pieces are looked up in a separate vocabulary, as Marian
+    (OPUS-MT) models use theirs: text -> pieces with the sentencepiece model, pieces -> ids
+    through the dictionary (a piece it lacks is <unk>), never the sentencepiece ids.
+
+    It reproduces transformers' MarianTokenizer: a leading language code such as ``>>deu<<``
+    is one piece of its own, not passed to sentencepiece; decoding drops <unk> (what
+    ``skip_special_tokens`` does), joins the pieces with the sentencepiece model, turns any
+    '▁' left into spaces and strips the ends. The kind stays "bpe" (sentencepiece): word
+    boundaries are marked '▁' and the exported files are the same as for nmt's own models.
+    """
+
+    def __init__(self, proto: bytes, dictionary: Dictionary, threads: int = 1):
+        import sentencepiece as spm
+        self.proto, self.threads, self._dict = proto, threads, dictionary
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(proto)
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
+            raise NmtError(f"invalid sentencepiece model: {' '.join(str(e).split())}") from None
+
+    @staticmethod
+    def _language_code(line: str) -> tuple[list[str], str]:
+        """('>>xx<<' as a piece, the rest) as MarianTokenizer.remove_language_code splits."""
+        end = line.find("<<") if line.startswith(">>") else -1
+        return ([line[:end + 2]], line[end + 2:]) if end != -1 else ([], line)
+
+    def pieces(self, line: str) -> list[str]:
+        code, rest = self._language_code(line)
+        return code + self.sp.encode(rest, out_type=str)
+
+    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
+        split = [self._language_code(line) for line in lines]
+        pieces = self.sp.encode([rest for _, rest in split], out_type=str,
+                                num_threads=self.threads)
+        index = self._dict.index
+        return [[index(p) for p in code + ps] for (code, _), ps in zip(split, pieces)]
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        pieces = [self._dict[int(i)] for i in ids if int(i) != UNK]
+        return self.sp.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def dictionary(self) -> Dictionary:
+        return self._dict
+
+    def to_state(self) -> dict:
+        # The dictionary travels in the codec state beside this one (TextCodec.to_state).
+        return {**super().to_state(), "lookup": True}
+
+
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int,
                         character_coverage: float = 1.0, byte_fallback: bool = False,
                         threads: int = 1) -> SentencePieceBPE:
@@ -314,12 +364,18 @@ def count_whitespace_tokens(lines: Iterable[str], counter: Counter | None = None
 
 def model_from_state(state: dict, dictionary: Dictionary) -> SubwordModel:
     kind = state.get("kind")
+    if kind == "bpe" and state.get("lookup"):
+        return SentencePieceVocab(base64.b64decode(state["model"]), dictionary)
     if kind == "bpe":
         return SentencePieceBPE.from_state(state)
     if kind == "wordpiece":
         return WordPiece.from_state(state)
     if kind == "none":
         return Whitespace(dictionary)
+    if kind in ("subword_nmt", "fairseq_sentencepiece"):    # imported fairseq models
+        from nmt.data.fairseq_subword import FairseqSentencePiece, SubwordNmtBPE
+        cls = SubwordNmtBPE if kind == "subword_nmt" else FairseqSentencePiece
+        return cls.from_state(state, dictionary)
     raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
@@ -345,6 +401,6 @@ def _read_bytes(path: Path | os.PathLike) -> bytes:
         raise NmtError(f"{p}: cannot read ({e.strerror})") from None
 
 
-__all__ = ["KINDS", "SubwordModel", "SentencePieceBPE", "WordPiece", "Whitespace",
+__all__ = ["KINDS", "SubwordModel", "SentencePieceBPE", "SentencePieceVocab", "WordPiece", "Whitespace",
            "train_sentencepiece", "train_wordpiece", "count_whitespace_tokens",
            "model_from_state", "load_model", "join_wordpieces"]

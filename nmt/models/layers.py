@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -14,49 +15,88 @@ from torch import Tensor, nn
 from nmt.models.dropout import Dropout
 
 
-def sinusoid_table(length: int, dim: int, offset: int = 0) -> Tensor:
-    """Eq. 4: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+SINUSOID_LAYOUTS = ("interleaved", "fairseq", "marian")
 
-    Sines and cosines are interleaved exactly as the equation writes them; positions start at 0.
-    Returns [length, dim] in float32.
+
+def sinusoid_table(length: int, dim: int, offset: int = 0, layout: str = "interleaved") -> Tensor:
+    """Sinusoidal encodings of positions offset .. offset+length-1, [length, dim] float32.
+
+    ``layout`` (ModelConfig.sinusoid_layout) says how the sines and cosines are laid out, each
+    computed as its toolkit computes it, so that imported models see the very same table:
+
+    - "interleaved": eq. 4 as written, PE(pos, 2i) = sin(pos / 10000^(2i/d)),
+      PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (nmt's own; float64, rounded to float32);
+    - "fairseq": [sin | cos] halves with frequencies exp(-i ln(10000) / (d/2 - 1)), in float32
+      as fairseq's SinusoidalPositionalEmbedding (an odd dim gets a zero last column);
+    - "marian": [sin | cos] halves with eq. 4's frequencies 10000^(-2i/d), in float64 then
+      rounded, as transformers' MarianSinusoidalPositionalEmbedding.
     """
-    pos = torch.arange(offset, offset + length, dtype=torch.float64).unsqueeze(1)   # [L, 1]
-    two_i = torch.arange(0, dim, 2, dtype=torch.float64)                             # [ceil(d/2)]
-    angle = pos / torch.pow(10000.0, two_i / dim)                                    # [L, ceil(d/2)]
-    table = torch.zeros(length, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
-    return table.float()
+    if layout == "interleaved":
+        pos = torch.arange(offset, offset + length, dtype=torch.float64).unsqueeze(1)  # [L, 1]
+        two_i = torch.arange(0, dim, 2, dtype=torch.float64)                      # [ceil(d/2)]
+        angle = pos / torch.pow(10000.0, two_i / dim)                          # [L, ceil(d/2)]
+        table = torch.zeros(length, dim, dtype=torch.float64)
+        table[:, 0::2] = torch.sin(angle)
+        table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+        return table.float()
+    if layout == "fairseq":
+        half = dim // 2
+        freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000) / (half - 1)))
+        angle = torch.arange(offset, offset + length, dtype=torch.float).unsqueeze(1) * freq
+        table = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)              # [L, 2*half]
+        if dim % 2:
+            table = torch.cat([table, torch.zeros(length, 1)], dim=1)
+        return table
+    if layout == "marian":
+        # The same float64 operations as transformers (Python's pow per column, numpy's
+        # elementwise division, sin and cos on the same strided slices), for the same bits.
+        denom = np.array([math.pow(10000, 2 * (j // 2) / dim) for j in range(dim)])
+        angle = np.arange(offset, offset + length, dtype=np.float64)[:, None] / denom[None, :]
+        cut = (dim + 1) // 2
+        table = np.empty((length, dim), dtype=np.float64)
+        table[:, :cut] = np.sin(angle[:, 0::2])
+        table[:, cut:] = np.cos(angle[:, 1::2])
+        return torch.from_numpy(table).float()
+    raise ValueError(f"unknown sinusoid layout {layout!r}; expected one of "
+                     f"{', '.join(SINUSOID_LAYOUTS)}")
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal encodings; the table grows on demand, so any length works."""
+    """Fixed sinusoidal encodings; the table grows on demand, so any length works.
 
-    def __init__(self, dim: int, initial_length: int = 1024):
+    Position p of a sequence reads the encoding of p + ``offset`` (ModelConfig.position_offset).
+    """
+
+    def __init__(self, dim: int, initial_length: int = 1024, layout: str = "interleaved",
+                 offset: int = 0):
         super().__init__()
-        self.dim = dim
+        self.dim, self.layout, self.offset = dim, layout, offset
         # On the meta device (shapes only: nmt.models.transformer.meta_model) the values are
         # never read, and computing them there would load torch's python decompositions.
         table = (torch.empty(initial_length, dim) if torch.empty(0).is_meta
-                 else sinusoid_table(initial_length, dim))
+                 else sinusoid_table(initial_length, dim, offset, layout))
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """[length, D] encodings of positions offset .. offset+length-1."""
         end = offset + length
         if end > self.table.size(0):
-            self.table = sinusoid_table(max(end, 2 * self.table.size(0)), self.dim).to(
-                self.table.device)
+            self.table = sinusoid_table(max(end, 2 * self.table.size(0)), self.dim, self.offset,
+                                        self.layout).to(self.table.device)
         return self.table[offset:end]
 
 
 class LearnedPositions(nn.Module):
-    """Learned positional embeddings (Table 3, row E); at most ``max_positions`` positions."""
+    """Learned positional embeddings (Table 3, row E); at most ``max_positions`` positions.
 
-    def __init__(self, dim: int, max_positions: int):
+    Position p reads row p + ``offset``: fairseq's tables keep ``offset`` unused rows first
+    (padding_idx + 1), so that their weights load as they are.
+    """
+
+    def __init__(self, dim: int, max_positions: int, offset: int = 0):
         super().__init__()
-        self.max_positions = max_positions
-        self.weight = nn.Parameter(torch.empty(max_positions, dim))
+        self.max_positions, self.offset = max_positions, offset
+        self.weight = nn.Parameter(torch.empty(max_positions + offset, dim))
         nn.init.normal_(self.weight, mean=0.0, std=dim ** -0.5)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
@@ -64,7 +104,7 @@ class LearnedPositions(nn.Module):
         if end > self.max_positions:
             raise ValueError(f"sequence of {end} positions exceeds max_positions="
                              f"{self.max_positions} of the learned positional embeddings")
-        return self.weight[offset:end]
+        return self.weight[self.offset + offset:self.offset + end]
 
 
 class MultiHeadAttention(nn.Module):
@@ -155,14 +195,19 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out)
 
 
+# ModelConfig.activation -> function. "gelu" is the exact (erf) GELU, as fairseq's and
+# transformers' "gelu"; "swish" is x * sigmoid(x) (SiLU), Marian's and OPUS-MT's.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), or with another activation than ReLU."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.act = F.relu if activation == "relu" else F.gelu
+        self.act = ACTIVATIONS[activation]
         self.dropout = Dropout(activation_dropout)
         for m in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(m.weight)

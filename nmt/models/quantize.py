@@ -77,7 +77,7 @@ def quantize_int8(model: nn.Module, *, output_projection: bool = True,
                          f"{first.dtype} on {first.device.type}")
     model.eval()
     if output_projection and hasattr(model, "quantized_output") and hasattr(model, "tgt_embed"):
-        weight = model.tgt_embed.weight
+        weight = model.projection_weight       # the output bias, if any, is added after it
         proj = nn.Linear(weight.size(1), weight.size(0), bias=False)
         proj.weight = weight            # shared until quantize_dynamic takes its int8 copy
         model.quantized_output = proj

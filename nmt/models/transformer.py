@@ -102,18 +102,29 @@ class Transformer(nn.Module):
         self.pad_idx = pad_idx
         self.share_all_embeddings = share_all_embeddings
         d = cfg.d_model
-        self.embed_scale = embedding_scale(d)
+        self.embed_scale = embedding_scale(d) if cfg.scale_embedding else 1.0
         self.tgt_embed = self._embedding(tgt_vocab_size, d, pad_idx)
         # Section 3.4: one matrix for both embeddings and the pre-softmax projection when the
-        # vocabulary is joined; otherwise the target embedding is still tied to the projection.
+        # vocabulary is joined; otherwise the target embedding is still tied to the projection,
+        # unless tie_output is off (a separate output matrix, as some imported models have).
         self.src_embed = self.tgt_embed if share_all_embeddings else self._embedding(
             src_vocab_size, d, pad_idx)
+        self.output_weight = None if cfg.tie_output else nn.Parameter(
+            self._embedding(tgt_vocab_size, d, pad_idx).weight.detach())
+        self.output_bias = nn.Parameter(torch.zeros(tgt_vocab_size)) if cfg.output_bias else None
         if cfg.positional == "sinusoidal":
-            self.src_pos: nn.Module = SinusoidalPositions(d, cfg.max_positions)
-            self.tgt_pos: nn.Module = SinusoidalPositions(d, cfg.max_positions)
+            self.src_pos: nn.Module = SinusoidalPositions(d, cfg.max_positions,
+                                                          cfg.sinusoid_layout, cfg.position_offset)
+            self.tgt_pos: nn.Module = SinusoidalPositions(d, cfg.max_positions,
+                                                          cfg.sinusoid_layout, cfg.position_offset)
         else:
-            self.src_pos = LearnedPositions(d, cfg.max_positions)
-            self.tgt_pos = LearnedPositions(d, cfg.max_positions)
+            self.src_pos = LearnedPositions(d, cfg.max_positions, cfg.position_offset)
+            self.tgt_pos = LearnedPositions(d, cfg.max_positions, cfg.position_offset)
+        # fairseq's layernorm_embedding: normalise embeddings + positions before the dropout.
+        self.src_embed_norm = (nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+                               if cfg.layernorm_embedding else None)
+        self.tgt_embed_norm = (nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+                               if cfg.layernorm_embedding else None)
         self.dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -133,14 +144,25 @@ class Transformer(nn.Module):
         return emb
 
     @property
+    def start_token(self) -> int:
+        """The id the decoder reads first (ModelConfig.decoder_start)."""
+        return self.cfg.start_id
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the model accepts, or None when sinusoids make it unbounded."""
         return self.cfg.max_positions if self.cfg.positional == "learned" else None
 
     # --- encoder --------------------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, emb: nn.Embedding, pos: nn.Module, offset: int = 0) -> Tensor:
+    def _embed(self, tokens: Tensor, emb: nn.Embedding, pos: nn.Module,
+               norm: nn.Module | None = None, offset: int = 0) -> Tensor:
         """Scaled embeddings plus positional encodings, then dropout: [N, L] -> [N, L, D]."""
-        x = emb(tokens) * self.embed_scale + pos(tokens.size(1), offset).to(emb.weight.dtype)
+        x = emb(tokens)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        x = x + pos(tokens.size(1), offset).to(emb.weight.dtype)
+        if norm is not None:
+            x = norm(x)
         return self.dropout(x)
 
     def encode(self, src_tokens: Tensor) -> EncoderOut:
@@ -148,7 +170,7 @@ class Transformer(nn.Module):
         pad_mask = src_tokens.eq(self.pad_idx)                         # [B, S]
         enc = EncoderOut(src_tokens.new_zeros(0), pad_mask)
         mask = enc.attn_mask()                                         # [B, 1, 1, S] or None
-        x = self._embed(src_tokens, self.src_embed, self.src_pos)
+        x = self._embed(src_tokens, self.src_embed, self.src_pos, self.src_embed_norm)
         for layer in self.encoder_layers:
             x = layer(x, mask)
         if self.encoder_norm is not None:
@@ -179,7 +201,8 @@ class Transformer(nn.Module):
 
         Returns logits [N, t, V] for the t new positions and the state extended by t steps.
         """
-        x = self._embed(prev_tokens, self.tgt_embed, self.tgt_pos, offset=state.step)
+        x = self._embed(prev_tokens, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm,
+                        offset=state.step)
         cache = state.take()
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, cache, i, state.cross_k[i], state.cross_v[i], state.memory_mask,
@@ -190,19 +213,29 @@ class Transformer(nn.Module):
         out = x if return_hidden else self.output_projection(x)
         return out, new_state
 
-    def output_projection(self, x: Tensor) -> Tensor:
-        """Pre-softmax projection tied to the target embedding: [N, t, D] -> [N, t, V].
+    @property
+    def projection_weight(self) -> Tensor:
+        """[V, D] matrix of the pre-softmax projection: the target embedding when tied."""
+        return self.tgt_embed.weight if self.output_weight is None else self.output_weight
 
-        After nmt.models.quantize.quantize_int8 it runs on an int8 copy of the embedding matrix
+    def output_projection(self, x: Tensor) -> Tensor:
+        """Pre-softmax projection (tied to the target embedding unless tie_output is off), plus
+        the output bias if the model has one: [N, t, D] -> [N, t, V].
+
+        After nmt.models.quantize.quantize_int8 it runs on an int8 copy of the projection matrix
         (the embedding lookups keep the float one)."""
         if self.quantized_output is not None:
-            return self.quantized_output(x)
-        return nn.functional.linear(x, self.tgt_embed.weight)
+            logits = self.quantized_output(x)
+        else:
+            logits = nn.functional.linear(x, self.projection_weight)
+        if self.output_bias is not None:
+            logits = logits + self.output_bias.to(logits.dtype)
+        return logits
 
     def decode_full(self, prev_output_tokens: Tensor, enc: EncoderOut,
                     return_hidden: bool = False) -> Tensor:
         """Teacher-forced decoder pass over whole target prefixes [B, T] (training)."""
-        x = self._embed(prev_output_tokens, self.tgt_embed, self.tgt_pos)
+        x = self._embed(prev_output_tokens, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm)
         mask = enc.attn_mask()
         for layer in self.decoder_layers:
             cross_k, cross_v = layer.cross_attn.project_kv(enc.out)

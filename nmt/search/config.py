@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from nmt.config import ModelConfig
+from nmt.config import CHOICES, ModelConfig
 from nmt.errors import UsageError
 from nmt.options import option
 
@@ -31,6 +31,7 @@ class SearchConfig:
 
     beam: int | None = None
     lenpen: float | None = None       # alpha of the length penalty; 0 ranks by log-probability
+    lenpen_formula: str | None = None  # gnmt, fairseq or hf (nmt.search.length_penalty)
     max_len_a: float | None = None    # at most floor(a * source_length + b) tokens before eos
     max_len_b: int | None = None
     nbest: int = 1                    # hypotheses returned per sentence, best first
@@ -44,9 +45,19 @@ class SearchConfig:
                              f"got {self.nbest}")
         if self.lenpen is not None and self.lenpen < 0:
             raise UsageError(f"lenpen must be >= 0, got {self.lenpen}")
+        formulas = CHOICES["lenpen_formula"]
+        if self.lenpen_formula is not None and self.lenpen_formula not in formulas:
+            raise UsageError(f"unknown length penalty formula '{self.lenpen_formula}' "
+                             f"(choose from {', '.join(formulas)})")
         if (self.max_len_a or 0) < 0 or (self.max_len_b or 0) < 0:
             raise UsageError(f"max-len-a and max-len-b must be >= 0, got "
                              f"{self.max_len_a} and {self.max_len_b}")
+
+    @property
+    def formula(self) -> str:
+        """The length penalty formula; unset means nmt's own, GNMT's, so that a config written
+        before formulas existed (beam, lenpen, max_len_a, max_len_b given) decodes as it did."""
+        return self.lenpen_formula or "gnmt"
 
     @property
     def unset(self) -> list[str]:
@@ -56,14 +67,17 @@ class SearchConfig:
     def resolve(self, preset: ModelConfig | None = None) -> "SearchConfig":
         """This config with its unset fields taken from ``preset`` (a ModelConfig, or anything
         with beam/lenpen/max_len_a/max_len_b; None: ModelConfig's defaults, the paper's
-        beam 4, alpha 0.6, source length + 50)."""
+        beam 4, alpha 0.6, source length + 50). A preset without ``lenpen_formula`` (a
+        scripted test model) means the GNMT formula."""
         if not self.unset:
             return self
         preset = ModelConfig() if preset is None else preset
-        return replace(self, **{k: getattr(preset, k) for k in self.unset})
+        return replace(self, **{k: getattr(preset, k, ModelConfig.lenpen_formula)
+                                if k == "lenpen_formula" else getattr(preset, k)
+                                for k in self.unset})
 
 
-_PRESET_FIELDS = ("beam", "lenpen", "max_len_a", "max_len_b")
+_PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b")
 
 
 DEFAULT_BATCH_SIZE = 64
@@ -117,7 +131,14 @@ class GenerateConfig:
         short="-b")
     lenpen: float | None = option(
         SearchConfig.lenpen, "Length penalty alpha: scores are log P / ((5+|Y|)/6)^alpha "
-                             "[default: the preset's, 0.6].")
+                             "with --lenpen-formula gnmt [default: the preset's, 0.6].")
+    lenpen_formula: str | None = option(
+        SearchConfig.lenpen_formula,
+        "How --lenpen normalizes: gnmt ((5+|Y|)/6)^alpha, nmt's; fairseq |Y|^alpha, as "
+        "fairseq-generate; hf |Y|^alpha with transformers' rule for when a sentence's beam "
+        "search is done, as its generate(). |Y| counts the eos [default: the preset's, gnmt; "
+        "an imported model's: its toolkit's].", choices=CHOICES["lenpen_formula"],
+        show_default=False)
     max_len_a: float | None = option(
         SearchConfig.max_len_a,
         "Output length limit a*source_length + b, a [default: the preset's, 1].")
@@ -231,7 +252,8 @@ class GenerateConfig:
         """The decoding options (unset ones: the checkpoint's preset)."""
         # Sampling draws --nbest samples whatever the beam; the beam only bounds nbest.
         beam = max(self.beam or 1, self.nbest) if self.sampling else self.beam
-        return SearchConfig(beam=beam, lenpen=self.lenpen, max_len_a=self.max_len_a,
+        return SearchConfig(beam=beam, lenpen=self.lenpen, lenpen_formula=self.lenpen_formula,
+                            max_len_a=self.max_len_a,
                             max_len_b=self.max_len_b, nbest=self.nbest)
 
     @property

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.errors import NmtError
+from nmt.specials import BOS
+
 
 @dataclass
 class EnsembleState:
@@ -52,6 +55,16 @@ class EnsembleModel:
         limits = [getattr(m, "max_positions", None) for m in self.models]
         limits = [x for x in limits if x is not None]
         return min(limits) if limits else None
+
+    @property
+    def start_token(self) -> int:
+        """The id every model's decoder starts from (a model without ``start_token``, e.g. a
+        scripted one in tests, starts from bos)."""
+        starts = {getattr(m, "start_token", BOS) for m in self.models}
+        if len(starts) > 1:
+            raise NmtError(f"the models of an ensemble must start decoding from the same "
+                           f"symbol, these start from ids {sorted(starts)}")
+        return starts.pop()
 
     def encode(self, src_tokens: Tensor) -> list[Any]:
         return [m.encode(src_tokens) for m in self.models]

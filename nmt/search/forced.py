@@ -100,21 +100,24 @@ def score_ids(translator, source_ids: Sequence[Sequence[int] | np.ndarray],
               first_line: int = 1) -> list[PairScore]:
     """:func:`score_pairs` of already-encoded pairs (ids without eos)."""
     alpha = translator.search.lenpen if lenpen is None else float(lenpen)
+    formula = translator.search.formula
     if alpha < 0:
         raise UsageError(f"lenpen must be >= 0, got {alpha}")
     srcs, tgts, truncated = _prepare(translator, source_ids, target_ids, first_line)
     results: list[PairScore | None] = [None] * len(srcs)
     models = translator.ensemble.models
+    start = translator.ensemble.start_token
     with _evaluating(models):
         for rows in _batches(srcs, tgts, batch or translator.batch):
-            src, prev, gold = _collate(srcs, tgts, rows, translator.device)
+            src, prev, gold = _collate(srcs, tgts, rows, translator.device, start)
             lprobs = _token_log_probs(models, src, prev, gold).cpu()      # [B, T]
             for r, i in enumerate(rows):
                 n = tgts[i].size + 1
                 ts = lprobs[r, :n].tolist()
                 total = float(sum(ts))
                 results[i] = PairScore(first_line - 1 + i, total, total / n,
-                                       total / length_penalty(n, alpha), n, ts, truncated[i])
+                                       total / length_penalty(n, alpha, formula), n, ts,
+                                       truncated[i])
             if progress is not None:
                 progress(len(rows))
     return results  # type: ignore[return-value]
@@ -131,9 +134,10 @@ def attention_weights(translator, source_ids, target_ids, layer: int | None = No
     out: list[np.ndarray | None] = [None] * len(srcs)
     models = translator.ensemble.models
     indices = [_layer_index(m, layer) for m in models]
+    start = translator.ensemble.start_token
     with _evaluating(models):
         for rows in _batches(srcs, tgts, batch or translator.batch):
-            src, prev, _ = _collate(srcs, tgts, rows, translator.device)
+            src, prev, _ = _collate(srcs, tgts, rows, translator.device, start)
             total = None
             for m, li in zip(models, indices):
                 w = _cross_attention_heads(m, li, src, prev).mean(dim=1)   # [B, T, S]
@@ -192,18 +196,25 @@ def word_indices(pieces: Sequence[str], kind: str | None = None) -> list[int]:
 
     ``kind`` is the codec's (TextCodec.kind): ``bpe`` (sentencepiece: a piece starting with
     '▁' starts a word, any other continues it), ``wordpiece`` (a piece starting with '##'
-    continues a word, any other starts one) or ``none`` (one piece per word). None guesses:
+    continues a word, any other starts one), ``subword_nmt`` (a piece after one ending in '@@'
+    continues a word; ``fairseq_sentencepiece`` follows the ``bpe`` rule) or ``none`` (one
+    piece per word). None guesses:
     sentencepiece when some piece starts with '▁', else the wordpiece rule (which is also right
     for whitespace tokens, unless a token itself starts with '##').
     """
     if kind is None:
         kind = "bpe" if any(p.startswith(WORD_START) for p in pieces) else "wordpiece"
+    if kind == "fairseq_sentencepiece":
+        kind = "bpe"
     out, word = [], -1
     for i, p in enumerate(pieces):
-        if (i == 0 or kind == "none"
-                or (kind == "bpe" and p.startswith(WORD_START))
-                or (kind != "bpe" and not p.startswith(CONTINUATION))):
-            word += 1
+        if kind == "subword_nmt":       # "@@" ends a piece whose word goes on (fairseq BPE)
+            starts = i == 0 or not pieces[i - 1].endswith("@@")
+        else:
+            starts = (i == 0 or kind == "none"
+                      or (kind == "bpe" and p.startswith(WORD_START))
+                      or (kind != "bpe" and not p.startswith(CONTINUATION)))
+        word += starts
         out.append(word)
     return out
 
@@ -315,9 +326,10 @@ def _batches(srcs: list[np.ndarray], tgts: list[np.ndarray],
         yield batch
 
 
-def _collate(srcs, tgts, rows: list[int], device) -> tuple[Tensor, Tensor, Tensor]:
-    """Source ids + eos [B, S], decoder input bos + ids [B, T] and gold ids + eos [B, T], all
-    right-padded."""
+def _collate(srcs, tgts, rows: list[int], device, start: int = BOS
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Source ids + eos [B, S], decoder input start (bos) + ids [B, T] and gold ids + eos
+    [B, T], all right-padded."""
     s_width = max(srcs[i].size for i in rows) + 1
     t_width = max(tgts[i].size for i in rows) + 1
     src = np.full((len(rows), s_width), PAD, dtype=np.int64)
@@ -326,7 +338,7 @@ def _collate(srcs, tgts, rows: list[int], device) -> tuple[Tensor, Tensor, Tenso
     for r, i in enumerate(rows):
         a, b = srcs[i], tgts[i]
         src[r, :a.size], src[r, a.size] = a, EOS
-        prev[r, 0], prev[r, 1:b.size + 1] = BOS, b
+        prev[r, 0], prev[r, 1:b.size + 1] = start, b
         gold[r, :b.size], gold[r, b.size] = b, EOS
     return tuple(torch.from_numpy(x).to(device) for x in (src, prev, gold))  # type: ignore
 

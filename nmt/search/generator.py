@@ -17,7 +17,11 @@ The first step runs once per sentence (all its beams start from bos alone) and
 When is a sentence done? As soon as one of these holds:
 
 - it has ``beam`` finished hypotheses (fairseq's rule; with beam 1 this makes beam search
-  exactly greedy decoding: it stops at the first eos);
+  exactly greedy decoding: it stops at the first eos). With ``lenpen_formula`` "hf",
+  transformers' rule instead (its beam search with early_stopping=False): ``beam`` finished
+  hypotheses, and the best live one, normalized at its current length, scoring no better
+  than the worst of the ``beam`` best finished ones (and, as its forced_eos_token_id, the
+  eos forced at the length limit scores log-probability 0);
 - it has ``nbest`` finished hypotheses and no unfinished one can still beat the nbest-th best of
   them: an unfinished hypothesis with log-probability s can at best reach s / lp(max_len + 1)
   (log-probabilities only decrease and, s being <= 0, dividing by the largest lp gives the
@@ -83,12 +87,14 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     Returns, per sentence, its ``cfg.nbest`` best hypotheses, best first (ties: the one found
     first). ``constraints``: see the module doc.
     """
-    if cfg.unset:
-        raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(cfg.unset)} "
+    unset = [k for k in cfg.unset if k != "lenpen_formula"]     # see SearchConfig.formula
+    if unset:
+        raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(unset)} "
                          f"unset): use cfg.resolve(model_config)")
     device = src_tokens.device
     bsz, k = src_tokens.size(0), cfg.beam
-    alpha = cfg.lenpen
+    alpha, formula = cfg.lenpen, cfg.formula
+    hf_rule = formula == "hf"
     src_lengths = src_tokens.ne(PAD).sum(1) - 1                     # [B] without eos
     max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
     n_steps = int(max_len.max()) + 1
@@ -100,12 +106,14 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     # Per running sentence (N of them; sentence-major rows):
     sent = torch.arange(bsz, device=device)                         # [N] index in the batch
     tokens = torch.full((bsz * k, n_steps + 1), PAD, dtype=torch.long, device=device)
-    tokens[:, 0] = BOS                                              # [N*K, 1 + steps]
+    tokens[:, 0] = model.start_token                                # [N*K, 1 + steps]
     tok_scores = torch.zeros(bsz * k, n_steps, device=device)       # [N*K, steps]
     scores = torch.full((bsz, k), NEG_INF, device=device)           # [N, K] log P(prefix)
     scores[:, 0] = 0.0      # one live row per sentence at first, so beams start distinct
     n_fin = torch.zeros(bsz, dtype=torch.long, device=device)       # [N] finished so far
     kth_best = torch.full((bsz,), NEG_INF, device=device)           # [N] nbest-th best score
+    # hf rule only: [N] the beam-th best finished score (transformers' "worst finished")
+    worst_kept = torch.full((bsz,), NEG_INF, device=device)
     finished: list[list[tuple[float, list[int], list[float]]]] = [[] for _ in range(bsz)]
 
     for step in range(n_steps):
@@ -116,7 +124,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         else:
             probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
         vocab = probs.size(1)
-        _restrict(probs, step, max_len, k, cstate)
+        _restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if hf_rule else None)
 
         c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
             probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
@@ -124,7 +132,8 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
 
         if bool(fin.any()):
             _collect_finished(finished, fin, sent, c_scores, c_beams, c_lprobs, tokens,
-                              tok_scores, step, k, alpha, n_fin, kth_best, cfg.nbest)
+                              tok_scores, step, k, (alpha, formula), n_fin,
+                              {cfg.nbest: kth_best, k: worst_kept})
 
         new_beams = c_beams.gather(1, pos)                            # [N, K]
         new_tokens = c_tokens.gather(1, pos)
@@ -132,8 +141,13 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         new_scores = c_scores.gather(1, pos).masked_fill(~alive, NEG_INF)
 
         # Done: enough finished, or none of the live ones can win any more, or none is live.
-        bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha)   # [N]
-        done = (n_fin >= k) | ((n_fin >= cfg.nbest) & (bound <= kth_best)) | ~alive[:, 0]
+        bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha, formula)   # [N]
+        if hf_rule:     # transformers: the best live score at its length, |Y| = step + 1
+            now = new_scores[:, 0] / length_penalty(step + 1, alpha, formula)
+            enough = (n_fin >= k) & (now <= worst_kept)
+        else:
+            enough = n_fin >= k
+        done = enough | ((n_fin >= cfg.nbest) & (bound <= kth_best)) | ~alive[:, 0]
         rows = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams   # [N, K] old rows
         if bool(done.any()):
             if bool(done.all()):
@@ -143,6 +157,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
             new_tokens, new_lprobs = new_tokens[keep], new_lprobs[keep]
             new_scores = new_scores[keep]
             sent, max_len, n_fin, kth_best = sent[keep], max_len[keep], n_fin[keep], kth_best[keep]
+            worst_kept = worst_kept[keep]
             state = state.select_sentences(keep)
             n = keep.numel()
             local = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams
@@ -170,9 +185,12 @@ def _best_hypotheses(finished, nbest: int) -> list[list[Hypothesis]]:
     return out
 
 
-def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate) -> None:
+def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
+              forced_eos_p: float | None = None) -> None:
     """Zero, in ``probs`` [N*K, V], what may not come next: pad and bos, what the constraints
-    state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length."""
+    state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length.
+    The forced eos keeps the model's probability, or gets ``forced_eos_p`` (transformers'
+    forced_eos_token_id gives it log-probability 0: probability 1)."""
     probs[:, PAD] = 0.0             # never predicted
     probs[:, BOS] = 0.0
     if cstate is not None:
@@ -182,22 +200,25 @@ def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate) -> None
         # Forced eos, keeping the model's own eos probability in the score (floored, so
         # that a model giving eos probability 0 still ends its hypotheses).
         rows = at_max.repeat_interleave(k)
-        eos_p = probs[rows, EOS].clamp(min=1e-30)
+        eos_p = probs[rows, EOS].clamp(min=1e-30) if forced_eos_p is None else forced_eos_p
         probs[rows] = 0.0
         probs[rows, EOS] = eos_p
 
 
 def _collect_finished(finished, fin: Tensor, sent: Tensor, c_scores: Tensor, c_beams: Tensor,
                       c_lprobs: Tensor, tokens: Tensor, tok_scores: Tensor, step: int, k: int,
-                      alpha: float, n_fin: Tensor, kth_best: Tensor, nbest: int) -> None:
-    """Store the eos candidates ``fin`` [N, <=K] as finished hypotheses of length step + 1.
+                      penalty: tuple[float, str], n_fin: Tensor, ranked: dict[int, Tensor]
+                      ) -> None:
+    """Store the eos candidates ``fin`` [N, <=K] as finished hypotheses of length step + 1,
+    scored with ``penalty`` (alpha, formula).
 
-    Gathers everything with tensor ops and crosses into Python once per step; updates the
-    per-sentence counts ``n_fin`` and nbest-th best scores ``kth_best`` in place.
+    Gathers everything with tensor ops and crosses into Python once per step; updates in place
+    the per-sentence counts ``n_fin`` and, for each ``n`` of ``ranked``, the n-th best finished
+    scores ``ranked[n]`` [N].
     """
     fi, fj = fin.nonzero(as_tuple=True)                              # [F] each
     rows = fi * k + c_beams[fi, fj]                                  # [F] rows they extend
-    norm = c_scores[fi, fj] / length_penalty(step + 1, alpha)       # [F] |Y| = step + 1
+    norm = c_scores[fi, fj] / length_penalty(step + 1, *penalty)    # [F] |Y| = step + 1
     prefix = tokens[rows, 1:step + 1].tolist()
     prefix_scores = tok_scores[rows, :step].tolist()
     eos_lp = c_lprobs[fi, fj].tolist()
@@ -209,8 +230,9 @@ def _collect_finished(finished, fin: Tensor, sent: Tensor, c_scores: Tensor, c_b
     for i in touched:
         lst = finished[sent_ids[i]]
         n_fin[i] = len(lst)
-        if len(lst) >= nbest:
-            kth_best[i] = sorted((h[0] for h in lst), reverse=True)[nbest - 1]
+        for n, best in ranked.items():
+            if len(lst) >= n:
+                best[i] = sorted((h[0] for h in lst), reverse=True)[n - 1]
 
 
 __all__ = ["SearchConfig", "Hypothesis", "beam_search", "max_lengths"]

@@ -25,7 +25,7 @@ from nmt.search.config import SearchConfig
 from nmt.search.generator import Hypothesis, max_lengths
 from nmt.search.generator import _restrict as restrict_step
 from nmt.search.length_penalty import length_penalty
-from nmt.specials import BOS, EOS, PAD
+from nmt.specials import EOS, PAD
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
             for line in lines for j in range(n)]
     state = model.init_state(model.encode(src_tokens), group=n)
     cstate = None if constraints is None else constraints.start(src_tokens, n, max_len)
-    prev = torch.full((rows, 1), BOS, dtype=torch.long, device=src_tokens.device)
+    prev = torch.full((rows, 1), model.start_token, dtype=torch.long,
+                      device=src_tokens.device)
     out: list[list[int]] = [[] for _ in range(rows)]
     logp: list[list[float]] = [[] for _ in range(rows)]
     done = torch.zeros(rows, dtype=torch.bool, device=src_tokens.device)
@@ -101,7 +102,8 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
         prev = tok.unsqueeze(1)
         if cstate is not None:
             cstate = cstate.advance(torch.arange(rows, device=tok.device), tok)
-    hyps = [Hypothesis(toks, sum(ls) / float(length_penalty(len(toks), search.lenpen)), ls)
+    penalty = (search.lenpen, search.formula)
+    hyps = [Hypothesis(toks, sum(ls) / float(length_penalty(len(toks), *penalty)), ls)
             for toks, ls in zip(out, logp)]
     return [hyps[b * n:(b + 1) * n] for b in range(bsz)]
 

@@ -369,7 +369,9 @@ class Run(EndOfRun):
         uf = self.cfg.update_freq
         while self.epoch_batches_done < len(shard):
             group = shard[self.epoch_batches_done:self.epoch_batches_done + uf]
-            batches = [None if idx is None else collate(self.train_ds, idx) for idx in group]
+            start = self.model_cfg.start_id
+            batches = [None if idx is None else collate(self.train_ds, idx, start)
+                       for idx in group]
             local = self.policy.local_signals(bool(self.signals.received))
             stats = self.trainer.train_step(batches, local)
             self.epoch_batches_done += len(group)

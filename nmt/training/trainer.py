@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nmt.data.batching import Batch, dummy_batch
+from nmt.data.batching import BOS, Batch, dummy_batch
 from nmt.runtime import check_precision
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss
@@ -72,7 +72,7 @@ class Trainer:
         self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 7)
                        if precision == "fp16" else None)
         self.amp_dtype = None if precision == "fp32" else dtype
-        self._dummy = dummy_batch().to(self.device)
+        self._dummy = dummy_batch(getattr(model, "start_token", BOS)).to(self.device)
         self.num_skipped = 0
         self.nonfinite_in_a_row = 0   # consecutive updates skipped for a NaN/inf loss or gradient
 

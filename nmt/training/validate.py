@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from nmt.data.batching import TokenBatchSampler, collate
+from nmt.data.batching import BOS, TokenBatchSampler, collate
 from nmt.errors import NmtError
 from nmt.search.config import SearchConfig
 from nmt.training.distributed import DistInfo, all_reduce_sum
@@ -33,7 +33,8 @@ def validation_loss(trainer, dataset, sampler: TokenBatchSampler,
     nll = torch.zeros((), dtype=torch.float64, device=trainer.device)
     ntok = 0
     for idx in sampler.shard_batches(0):
-        l, n, t = trainer.valid_step(None if idx is None else collate(dataset, idx))
+        start = getattr(trainer.model, "start_token", BOS)
+        l, n, t = trainer.valid_step(None if idx is None else collate(dataset, idx, start))
         loss += l.double()
         nll += n.double()
         ntok += t

@@ -1,0 +1,200 @@
+"""``nmt-export --format huggingface``: a checkpoint as a Marian model directory that
+transformers loads (``MarianMTModel.from_pretrained``, ``MarianTokenizer.from_pretrained``):
+
+    OUT/model.safetensors            the weights, transformers' MarianMTModel names
+    OUT/config.json                  MarianConfig
+    OUT/generation_config.json       beam, length penalty, length limit, banned <pad> and <s>
+    OUT/source.spm, target.spm       the sentencepiece models
+    OUT/vocab.json                   piece -> id: nmt's dictionary, id for id
+    OUT/tokenizer_config.json, special_tokens_map.json    MarianTokenizer's settings
+
+The vocabulary keeps nmt's ids (<pad> 0, <s> 1, </s> 2, <unk> 3), so ``nmt-import
+huggingface`` gives back the very same weights. What transformers' Marian can express is
+exported; the rest is refused with one line: pre-norm layers, learned positions, nmt's
+interleaved sinusoids (train with ``sinusoid_layout=marian`` to export), position offsets,
+layernorm_embedding, LayerNorm epsilon other than 1e-5, separate source and target
+vocabularies, Moses tokenization and subwords other than sentencepiece (MarianTokenizer has
+neither).
+
+Decoding: transformers has no GNMT length penalty; a model whose preset uses it gets
+``length_penalty`` = its alpha with transformers' |Y|^alpha (a warning says so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from nmt.errors import NmtError
+from nmt.io import install_directory, temporary_directory_beside
+from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
+
+log = logging.getLogger("nmt.export")
+
+INSTALL_HINT = "pip install 'nmt[hf]'"
+
+
+def check_hf_exportable(ckpt: dict, cfg, src_codec, tgt_codec, name: str) -> None:
+    """NmtError naming what a Marian directory cannot hold as nmt runs it."""
+    def refuse(what: str) -> NmtError:
+        return NmtError(f"{name}: cannot export to huggingface (Marian): {what}")
+
+    if cfg.pre_norm:
+        raise refuse("pre-norm layers (transformers' Marian is post-norm)")
+    if cfg.positional != "sinusoidal":
+        raise refuse("learned positions (Marian's are sinusoidal)")
+    if cfg.sinusoid_layout != "marian":
+        raise refuse(f"{cfg.sinusoid_layout} sinusoids (Marian puts the sines in the first "
+                     f"half, the cosines in the second: train with sinusoid_layout=marian)")
+    if cfg.position_offset:
+        raise refuse(f"position_offset {cfg.position_offset} (Marian's positions start at 0)")
+    if cfg.layernorm_embedding:
+        raise refuse("layernorm_embedding")
+    if cfg.layer_norm_eps != 1e-5:
+        raise refuse(f"LayerNorm epsilon {cfg.layer_norm_eps:g} (Marian's is 1e-5)")
+    if cfg.head_dim_k * cfg.heads != cfg.d_model or cfg.head_dim_v != cfg.head_dim_k:
+        raise refuse("head sizes other than d_model / heads")
+    if not ckpt["share_all_embeddings"] or src_codec.dictionary != tgt_codec.dictionary:
+        raise refuse("separate source and target vocabularies")
+    for side, codec in (("source", src_codec), ("target", tgt_codec)):
+        if codec.kind != "bpe":
+            raise refuse(f"the {side} side's {codec.kind} subwords (MarianTokenizer reads "
+                         f"sentencepiece models)")
+        if codec.moses_lang:
+            raise refuse(f"Moses tokenization of the {side} side (MarianTokenizer has none)")
+
+
+def hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """MarianMTModel's state dict (each tensor its own contiguous copy) of an nmt model."""
+    out: dict[str, torch.Tensor] = {}
+
+    def put(name: str, t: torch.Tensor) -> None:
+        out[name] = t.detach().to("cpu", torch.float32).contiguous().clone()
+
+    def split(prefix: str, layer, names: str) -> None:
+        for part in ("weight", "bias"):
+            for n, t in zip(names, getattr(layer, part).chunk(len(names))):
+                put(f"{prefix}.{n}_proj.{part}", t)
+
+    def copy(prefix: str, module) -> None:
+        put(f"{prefix}.weight", module.weight)
+        put(f"{prefix}.bias", module.bias)
+
+    # All three names: transformers ties the encoder's and decoder's embeddings to the shared
+    # one only when tie_word_embeddings is true, and would initialize them at random otherwise.
+    for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
+        put(f"{name}.weight", model.tgt_embed.weight)
+    if model.output_weight is not None:
+        put("lm_head.weight", model.output_weight)
+    bias = (model.output_bias if model.output_bias is not None
+            else torch.zeros(model.tgt_embed.weight.size(0)))
+    put("final_logits_bias", bias.reshape(1, -1))
+    for i, layer in enumerate(model.encoder_layers):
+        p = f"model.encoder.layers.{i}"
+        split(f"{p}.self_attn", layer.self_attn.in_proj, "qkv")
+        for dst, src in (("self_attn.out_proj", layer.self_attn.out_proj),
+                         ("self_attn_layer_norm", layer.res1.norm), ("fc1", layer.ffn.fc1),
+                         ("fc2", layer.ffn.fc2), ("final_layer_norm", layer.res2.norm)):
+            copy(f"{p}.{dst}", src)
+    for i, layer in enumerate(model.decoder_layers):
+        p = f"model.decoder.layers.{i}"
+        split(f"{p}.self_attn", layer.self_attn.in_proj, "qkv")
+        split(f"{p}.encoder_attn", layer.cross_attn.kv_proj, "kv")
+        for dst, src in (("self_attn.out_proj", layer.self_attn.out_proj),
+                         ("self_attn_layer_norm", layer.res1.norm),
+                         ("encoder_attn.q_proj", layer.cross_attn.q_proj),
+                         ("encoder_attn.out_proj", layer.cross_attn.out_proj),
+                         ("encoder_attn_layer_norm", layer.res2.norm),
+                         ("fc1", layer.ffn.fc1), ("fc2", layer.ffn.fc2),
+                         ("final_layer_norm", layer.res3.norm)):
+            copy(f"{p}.{dst}", src)
+    return out
+
+
+def marian_config(cfg, vocab_size: int) -> dict:
+    """config.json: a MarianConfig of the model."""
+    return {
+        "architectures": ["MarianMTModel"], "model_type": "marian",
+        "vocab_size": vocab_size, "decoder_vocab_size": vocab_size, "d_model": cfg.d_model,
+        "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
+        "encoder_attention_heads": cfg.heads, "decoder_attention_heads": cfg.heads,
+        "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff,
+        "activation_function": cfg.activation, "scale_embedding": cfg.scale_embedding,
+        "max_position_embeddings": cfg.max_positions, "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout, "init_std": 0.02,
+        "pad_token_id": PAD, "eos_token_id": EOS, "forced_eos_token_id": EOS,
+        "bos_token_id": None, "decoder_start_token_id": cfg.start_id,
+        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": cfg.tie_output,
+        "is_encoder_decoder": True, "use_cache": True, "dtype": "float32",
+    }
+
+
+def generation_config(cfg, name: str) -> dict:
+    """generation_config.json: nmt's preset decoding, as near as transformers can follow it."""
+    if cfg.lenpen_formula == "gnmt" and cfg.lenpen and cfg.beam > 1:
+        log.warning("%s: transformers has no GNMT length penalty; its beam search will divide "
+                    "by |Y|^%g instead (nmt-generate --lenpen-formula hf does the same)",
+                    name, cfg.lenpen)
+    if cfg.max_len_a:
+        max_length = cfg.max_positions
+        log.warning("%s: transformers has one length limit for every sentence, not %g * "
+                    "source length + %d: max_length %d", name, cfg.max_len_a, cfg.max_len_b,
+                    max_length)
+    else:
+        max_length = cfg.max_len_b + 2        # the start symbol and the forced eos
+    return {"decoder_start_token_id": cfg.start_id, "pad_token_id": PAD, "eos_token_id": EOS,
+            "forced_eos_token_id": EOS, "bad_words_ids": [[PAD], [BOS]],
+            "num_beams": cfg.beam, "length_penalty": cfg.lenpen,
+            "early_stopping": cfg.lenpen_formula == "fairseq", "max_length": max_length}
+
+
+def export_huggingface(ckpt: dict, dest: Path, name: str) -> Path:
+    """Write the Marian directory of ``ckpt`` (a loaded checkpoint) to ``dest`` (checked free
+    by the caller), built under a temporary name and renamed when complete."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise NmtError(f"exporting to huggingface needs the safetensors package: "
+                       f"{INSTALL_HINT}") from None
+    from nmt.checkpoint import codecs_from_checkpoint, load_model_from_checkpoint
+
+    model, ckpt = load_model_from_checkpoint(ckpt)
+    src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)
+    check_hf_exportable(ckpt, model.cfg, src_codec, tgt_codec, name)
+    symbols = tgt_codec.dictionary.symbols
+    specials = {"eos_token": SPECIALS[EOS], "unk_token": SPECIALS[UNK],
+                "pad_token": SPECIALS[PAD]}
+    tokenizer = {"tokenizer_class": "MarianTokenizer", **specials,
+                 "source_lang": ckpt.get("src_lang"), "target_lang": ckpt.get("tgt_lang"),
+                 "model_max_length": model.cfg.max_positions, "separate_vocabs": False,
+                 "sp_model_kwargs": {}}
+    files = {"config.json": marian_config(model.cfg, len(symbols)),
+             "generation_config.json": generation_config(model.cfg, name),
+             "vocab.json": {s: i for i, s in enumerate(symbols)},
+             "tokenizer_config.json": tokenizer, "special_tokens_map.json": specials}
+    tmp = temporary_directory_beside(dest, "model directory")
+    try:
+        save_file(hf_state_dict(model), str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        for fname, data in files.items():
+            (tmp / fname).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+        (tmp / "source.spm").write_bytes(src_codec.subword.proto)
+        (tmp / "target.spm").write_bytes(tgt_codec.subword.proto)
+        install_directory(tmp, dest, "model directory", fsync_files=True)
+    except OSError as e:
+        raise NmtError(f"{dest}: cannot write the model directory ({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(f.stat().st_size for f in dest.iterdir() if f.is_file())
+    log.info("exported %s to %s: transformers Marian, %.1f MB", name, dest, size / 1e6)
+    return dest
+
+
+__all__ = ["export_huggingface", "check_hf_exportable", "hf_state_dict", "marian_config",
+           "generation_config"]

@@ -1,0 +1,125 @@
+"""What every importer needs: reading foreign files safely, nmt dictionaries from foreign
+vocabularies (nmt's specials at ids 0-3, the other symbols in the foreign order), rows permuted
+to match, and the checkpoint written atomically.
+
+Nothing read here runs code from a file: JSON is JSON, weights come through ``safetensors`` or
+``torch.load(weights_only=True)``, whose restricted unpickler refuses any global it does not
+know (a crafted pickle gets a one-line NmtError, and nothing of it is executed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from nmt.data.dictionary import Dictionary
+from nmt.errors import NmtError
+from nmt.specials import SPECIALS
+
+# Logit bias of a special symbol nmt needs and the foreign model lacks (Marian has no <s>):
+# exp(-100) ~ 4e-44 is no probability at all in float32 next to any real logit, so the softmax
+# over the other symbols is the foreign model's own, and yet the value stays finite (a
+# fine-tuning loss with label smoothing sums every log-probability).
+ABSENT_LOGIT = -100.0
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; one-line NmtError when missing or malformed."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NmtError(f"{path}: no such file (the {what})") from None
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NmtError(f"{path}: not valid JSON ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise NmtError(f"{path}: expected a JSON object (the {what}), got "
+                       f"{type(data).__name__}")
+    return data
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors file (a header and raw bytes: nothing to execute)."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise NmtError(f"{path}: reading .safetensors needs the safetensors package: "
+                       f"pip install 'nmt[hf]'") from None
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
+        raise NmtError(f"{path}: not a readable safetensors file "
+                       f"({' '.join(str(e).split())[:160]})") from None
+
+
+def load_torch_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict saved with torch.save, read with ``weights_only=True``: tensors and plain
+    containers only; anything else is refused with one line and never executed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: no such file") from None
+    except pickle.UnpicklingError as e:
+        if "global" in str(e).lower():
+            raise NmtError(f"{path}: refused to load: the file asks to build objects other "
+                           f"than tensors and plain data (a crafted or foreign pickle)") from None
+        raise NmtError(f"{path}: not a readable weights file (the safe loader refused it)"
+                       ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError, AttributeError,
+            TypeError, IndexError, OSError) as e:
+        msg = " ".join(str(e).split()).split(". ")[0][:160] or type(e).__name__
+        raise NmtError(f"{path}: corrupt or truncated weights file ({msg})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise NmtError(f"{path}: not a state dict of tensors")
+    return data
+
+
+def nmt_dictionary(symbols: Sequence[str], special_ids: Mapping[int, int]
+                   ) -> tuple[Dictionary, list[int]]:
+    """nmt's dictionary for a foreign vocabulary ``symbols`` (foreign id order) whose special
+    roles sit at ``special_ids`` {nmt special id: foreign id}, and ``order``: for each nmt id,
+    the foreign id whose row it takes (-1 for a special the foreign vocabulary lacks).
+
+    The specials come first, as nmt wants them; every other symbol follows in foreign order.
+    """
+    taken = set(special_ids.values())
+    rest = [i for i in range(len(symbols)) if i not in taken]
+    for i in rest:
+        if symbols[i] in SPECIALS:
+            raise NmtError(f"the vocabulary has {symbols[i]!r} at id {i}, not in the role "
+                           f"nmt gives that symbol")
+    order = [special_ids.get(i, -1) for i in range(len(SPECIALS))] + rest
+    return Dictionary([symbols[i] for i in rest]), order
+
+
+def permute_rows(t: torch.Tensor, order: Sequence[int], fill: float = 0.0) -> torch.Tensor:
+    """Rows of ``t`` [V_foreign, ...] in nmt order (``order`` from :func:`nmt_dictionary`);
+    a row with no foreign source (-1) is ``fill``."""
+    index = torch.tensor([max(i, 0) for i in order])
+    out = t.index_select(0, index).clone()
+    missing = torch.tensor([i < 0 for i in order])
+    if bool(missing.any()):
+        out[missing] = fill
+    return out
+
+
+def check_output(out: str | os.PathLike) -> Path:
+    """The checkpoint path to write, checked before any work: its directory must not be a file."""
+    dest = Path(out)
+    if dest.exists() and dest.is_dir():
+        raise NmtError(f"{dest}: is a directory; give the checkpoint file to write (-o model.pt)")
+    return dest
+
+
+__all__ = ["ABSENT_LOGIT", "read_json", "load_safetensors", "load_torch_weights",
+           "nmt_dictionary", "permute_rows", "check_output"]

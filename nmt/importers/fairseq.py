@@ -1,0 +1,228 @@
+"""Import a fairseq (0.9-0.12) Transformer checkpoint as an nmt checkpoint that translates
+exactly as fairseq does.
+
+    ckpt = import_fairseq("checkpoint_best.pt", "data-bin", bpe_codes="bpecodes",
+                          moses="en-de")
+    nmt.checkpoint.save_checkpoint(ckpt, "model.pt")
+
+What is carried over: the architecture (fairseq's args -> ModelConfig: every option either maps
+to a field or is refused with one line naming it, never approximated), the weights (renamed;
+the embedding and output rows permuted from fairseq's <s>,<pad>,</s>,<unk> to nmt's
+<pad>,<s>,</s>,<unk>), the dictionaries, the text pipeline (Moses with fairseq's settings and
+subword-nmt BPE codes, or a sentencepiece model) and fairseq's decoding defaults (beam 5,
+lenpen 1.0 dividing by length, at most 200 tokens, decoding from </s>).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from nmt.config import ModelConfig
+from nmt.data.dictionary import Dictionary
+from nmt.errors import NmtError
+from nmt.importers.common import nmt_dictionary, permute_rows
+from nmt.importers.safe_pickle import load_foreign, plain
+from nmt.io import check_readable, iter_lines
+from nmt.specials import BOS, EOS, PAD, UNK
+
+log = logging.getLogger("nmt.importers.fairseq")
+WHAT = "fairseq checkpoint"
+# fairseq's transformer family: one model class, these presets (same modules, other sizes).
+TRANSFORMER_ARCHS = frozenset({
+    "transformer", "transformer_iwslt_de_en", "transformer_wmt_en_de",
+    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
+    "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t", "transformer_tiny",
+    "transformer_align", "transformer_wmt_en_de_big_align"})
+# fairseq's dictionary puts its specials first, in this order (ids 0-3) ...
+FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+# ... and nmt's special id -> fairseq's id of the same symbol (then the same symbols follow).
+NMT_FROM_FAIRSEQ = {PAD: 1, BOS: 0, EOS: 2, UNK: 3}
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
+    """(model args as a flat dict, state dict) of a fairseq checkpoint, read safely."""
+    ckpt = plain(load_foreign(path, WHAT))
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
+        raise NmtError(f"{path}: not a {WHAT} (no 'model' weights)")
+    state = ckpt["model"]
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise NmtError(f"{path}: not a {WHAT} ('model' is not a tensor dictionary)")
+    cfg = ckpt.get("cfg") if isinstance(ckpt.get("cfg"), dict) else {}
+    args = cfg.get("model") or ckpt.get("args")
+    if not isinstance(args, dict):
+        raise NmtError(f"{path}: {WHAT} without its model arguments (no cfg.model or args)")
+    args = _flatten(args)
+    task = cfg.get("task") if isinstance(cfg.get("task"), dict) else {}
+    for key in ("source_lang", "target_lang"):
+        if args.get(key) is None and task.get(key) is not None:
+            args[key] = task[key]
+    return args, state
+
+
+def _flatten(args: Mapping[str, Any]) -> dict:
+    """fairseq >= 0.12's dataclass form nests encoder/decoder options ({"encoder":
+    {"embed_dim": ...}}); the legacy form, what most checkpoints hold, is flat."""
+    out = dict(args)
+    for side in ("encoder", "decoder"):
+        nested = out.pop(side, None)
+        if isinstance(nested, dict):
+            for k, v in nested.items():
+                out.setdefault(f"{side}_{k}", v)
+    return out
+
+
+def load_dictionary(path: Path) -> Dictionary:
+    """A fairseq dict.LANG.txt: ``symbol count [#fairseq:overwrite]`` lines after the four
+    implicit specials (<s>, <pad>, </s>, <unk>), madeupword padding included, as nmt's
+    Dictionary (its specials first, then the same symbols in the same order)."""
+    p = check_readable(path, "fairseq dictionary", expected="a dict.LANG.txt file")
+    symbols, counts = [], []
+    for lineno, line in enumerate(iter_lines(p), 1):
+        line = line.rstrip()
+        body, _, field = line.rpartition(" ")
+        if field == "#fairseq:overwrite":
+            body, _, field = body.rpartition(" ")
+        if not body or not field.lstrip("-").isdigit():
+            raise NmtError(f"{p}: line {lineno}: expected 'symbol count', got {line[:60]!r}")
+        symbols.append(body)
+        counts.append(max(0, int(field)))
+    try:
+        d, _ = nmt_dictionary(list(FAIRSEQ_SPECIALS) + symbols, NMT_FROM_FAIRSEQ)
+    except NmtError as e:
+        raise NmtError(f"{p}: {e}") from None
+    if len(d) != len(symbols) + 4:
+        raise NmtError(f"{p}: repeats a symbol: not a dictionary nmt can map row for row")
+    d.set_counts(d.counts[:4] + counts)
+    return d
+
+
+def nmt_rows(fairseq_rows: torch.Tensor) -> torch.Tensor:
+    """Embedding/output rows in nmt's order: fairseq's with <s> and <pad> swapped (what
+    nmt_dictionary's order is for every fairseq dictionary)."""
+    n = fairseq_rows.size(0)
+    order = [NMT_FROM_FAIRSEQ[i] for i in range(4)] + list(range(4, n))
+    return permute_rows(fairseq_rows, order)
+
+
+def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *,
+                   bpe_codes: str | os.PathLike | None = None,
+                   sentencepiece: str | os.PathLike | None = None, moses: str | None = None,
+                   moses_no_dash_splits: bool = False, moses_no_escape: bool = False,
+                   source_lang: str | None = None, target_lang: str | None = None) -> dict:
+    """The nmt checkpoint (a dict for nmt.checkpoint.save_checkpoint) of a fairseq
+    Transformer checkpoint, its dictionaries (``data_dir``/dict.LANG.txt) and its text
+    pipeline: ``bpe_codes`` (subword-nmt) or ``sentencepiece`` (a model file), and ``moses``
+    ("SRC-TGT", fairseq's --tokenizer moses, with its two options)."""
+    from nmt.checkpoint import make_checkpoint
+    from nmt.importers.fairseq_model import _Source, model_fields, nmt_state
+    from nmt.models.transformer import Transformer
+
+    if bpe_codes is not None and sentencepiece is not None:
+        raise NmtError("give --bpe-codes or --sentencepiece, not both")
+    args, state = read_checkpoint(checkpoint)
+    cfg = ModelConfig(**model_fields(args))
+    data = Path(data_dir)
+    src_lang, tgt_lang = language_pair(args, data, source_lang, target_lang, moses)
+    src_dict = load_dictionary(data / f"dict.{src_lang}.txt")
+    tgt_dict = load_dictionary(data / f"dict.{tgt_lang}.txt")
+    share_all = bool(args.get("share_all_embeddings", False))
+    _check_sizes(state, src_dict, tgt_dict, share_all, data)
+    _check_specials(args)
+    with torch.device("meta"):
+        keys = list(Transformer(cfg, len(src_dict), len(tgt_dict), share_all).state_dict())
+    weights = nmt_state(_Source(state), keys, share_all)
+    options = None
+    if moses is not None:
+        options = {"escape": not moses_no_escape,
+                   "aggressive_dash_splits": not moses_no_dash_splits, "unescape": True}
+    langs = _moses_pair(moses)
+    src_codec = text_codec(src_dict, bpe_codes, sentencepiece, langs[0], options)
+    tgt_codec = text_codec(tgt_dict, bpe_codes, sentencepiece, langs[1], options)
+    log.info("imported %s: fairseq %s, %d+%d layers, d_model %d, %s, %d/%d symbols, %s%s",
+             checkpoint, args.get("arch"), cfg.encoder_layers, cfg.decoder_layers, cfg.d_model,
+             "pre-norm" if cfg.pre_norm else "post-norm", len(src_dict), len(tgt_dict),
+             src_codec.kind, f", Moses {moses}" if moses else "")
+    return make_checkpoint(model_config=cfg, model_state=weights, share_all_embeddings=share_all,
+                           src_codec=src_codec, tgt_codec=tgt_codec, src_lang=src_lang,
+                           tgt_lang=tgt_lang)
+
+
+def language_pair(args: Mapping[str, Any], data: Path, source_lang: str | None,
+                  target_lang: str | None, moses: str | None) -> tuple[str, str]:
+    """The LANGs of DATA/dict.LANG.txt: given, else the checkpoint's (fairseq-train -s/-t),
+    else what fairseq infers from DATA's file names (train.SRC-TGT.*), else --moses's pair."""
+    if source_lang and target_lang:
+        return source_lang, target_lang
+    if args.get("source_lang") and args.get("target_lang"):
+        return args["source_lang"], args["target_lang"]
+    pairs = {p.name.split(".")[1] for p in data.glob("train.*-*.*")} if data.is_dir() else set()
+    if len(pairs) == 1:
+        return tuple(pairs.pop().split("-", 1))
+    if moses is not None:
+        return _moses_pair(moses)
+    raise NmtError(f"the checkpoint names no language pair and {data} does not show it: give "
+                   f"--source-lang and --target-lang (the LANG of {data}/dict.LANG.txt)")
+
+
+def _moses_pair(moses: str | None) -> tuple[str | None, str | None]:
+    if moses is None:
+        return None, None
+    src, sep, tgt = moses.partition("-")
+    if not sep or not src or not tgt:
+        raise NmtError(f"--moses takes the language pair, e.g. en-de, not '{moses}'")
+    return src, tgt
+
+
+def _check_sizes(state: dict, src_dict: Dictionary, tgt_dict: Dictionary, share_all: bool,
+                 data: Path) -> None:
+    for side, d in (("encoder", src_dict), ("decoder", tgt_dict)):
+        w = state.get(f"{side}.embed_tokens.weight")
+        if w is None:
+            raise NmtError(f"not a fairseq transformer checkpoint: no {side}.embed_tokens")
+        if w.size(0) != len(d):
+            raise NmtError(f"{data}: its {side} dictionary has {len(d)} symbols (with the 4 "
+                           f"specials) but the checkpoint's {side} embeddings have "
+                           f"{w.size(0)} rows: not the dictionaries this model was trained with")
+    if share_all and src_dict != tgt_dict:
+        raise NmtError(f"{data}: the model shares all embeddings but the two dictionaries "
+                       f"differ")
+
+
+def _check_specials(args: Mapping[str, Any]) -> None:
+    """fairseq-train's --bos/--pad/--eos/--unk may move the specials: nmt maps the defaults."""
+    for (symbol, index), name in zip(FAIRSEQ_SPECIALS.items(), ("bos", "pad", "eos", "unk")):
+        if args.get(name, index) != index:
+            raise NmtError(f"cannot import this fairseq model: its dictionary puts {symbol} "
+                           f"at {args.get(name)} (fairseq's default, which nmt maps, is {index})")
+
+
+def text_codec(dictionary: Dictionary, bpe_codes, sentencepiece, moses_lang: str | None,
+               moses_options: dict | None):
+    """The codec of one side: Moses (optional), then BPE codes, sentencepiece or nothing."""
+    from nmt.data.codec import TextCodec
+    from nmt.data.subword import Whitespace
+
+    if bpe_codes is not None:
+        from nmt.data.fairseq_subword import SubwordNmtBPE
+        p = check_readable(bpe_codes, "BPE codes", expected="a subword-nmt codes file")
+        try:
+            codes = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as e:
+            raise NmtError(f"{p}: not a BPE codes file ({e})") from None
+        subword = SubwordNmtBPE(codes, dictionary)
+    elif sentencepiece is not None:
+        from nmt.data.fairseq_subword import FairseqSentencePiece
+        p = check_readable(sentencepiece, "sentencepiece model", expected="a .model file")
+        subword = FairseqSentencePiece(p.read_bytes(), dictionary)
+    else:
+        subword = Whitespace(dictionary)
+    return TextCodec(subword, dictionary, moses_lang, moses_options)
+
+
+__all__ = ["import_fairseq", "read_checkpoint", "load_dictionary", "nmt_rows",
+           "TRANSFORMER_ARCHS"]

@@ -1,0 +1,278 @@
+"""nmt-import fairseq on checkpoints trained by fairseq 0.12.2 itself (tests/fixtures/fairseq,
+made by its make_fixtures.py; fairseq is not needed here): nmt-generate reproduces fairseq's
+own translations of 50 sentences, greedy and beam 4 --lenpen 1.0, line for line, and their
+scores; crafted and unsupported checkpoints are refused in one line, nothing of them run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from nmt.cli.generate import main as generate_main
+from nmt.cli.import_ import main as import_main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "fairseq"
+NAMES = ("postnorm_shared", "prenorm_tied", "learned_untied")
+IMPORT = ([shutil.which("nmt-import")] if shutil.which("nmt-import")
+          else [sys.executable, "-m", "nmt.cli.import_"])
+
+
+def import_args(fix: Path, ckpt: Path | None = None, data: Path | None = None) -> list[str]:
+    return ["fairseq", str(ckpt or fix / "checkpoint_last.pt"), "--data", str(data or fix),
+            "--bpe-codes", str(fix / "bpecodes"), "--moses", "en-de"]
+
+
+def invoke(main, args: list) -> str:
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """name -> the nmt checkpoint of that fixture, imported (in-process) once."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            dest = tmp_path_factory.mktemp(name) / "model.pt"
+            printed = invoke(import_main, import_args(FIXTURES / name) + ["-o", dest])
+            assert printed == f"{dest}\n"
+            cache[name] = dest
+        return cache[name]
+    return get
+
+
+def fairseq_hyps(name: str, beam: int) -> list[dict]:
+    with open(FIXTURES / name / f"fairseq.beam{beam}.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def nmt_hyps(model: Path, name: str, options: list) -> list[dict]:
+    out = invoke(generate_main, [model, "-i", FIXTURES / name / "test.en", "--output-format",
+                                 "jsonl", "--threads", "1", "-q", *options])
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def compare(ours: list[dict], theirs: list[dict]) -> None:
+    assert len(ours) == len(theirs) == 50
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        assert o["translation"] == t["translation"], (i, o["translation"], t["translation"])
+        assert abs(o["score"] - t["score"]) < 1e-4, (i, o["score"], t["score"])
+        assert len(o["token_scores"]) == len(t["token_scores"]), i
+        diff = max(abs(a - b) for a, b in zip(o["token_scores"], t["token_scores"]))
+        assert diff < 1e-4, (i, diff)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_reproduces_fairseq(imported, name):
+    # The imported preset (beam 5, fairseq's lenpen 1.0) with only the beam changed.
+    compare(nmt_hyps(imported(name), name, ["--beam", "1"]), fairseq_hyps(name, 1))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_beam4_reproduces_fairseq(imported, name):
+    compare(nmt_hyps(imported(name), name, ["--beam", "4", "--lenpen", "1.0",
+                                            "--lenpen-formula", "fairseq"]),
+            fairseq_hyps(name, 4))
+
+
+def test_console_script_prints_the_checkpoint(tmp_path):
+    """nmt-import as a real process: one stdout line, the checkpoint's path, which
+    nmt-generate then translates as fairseq did."""
+    fix = FIXTURES / "postnorm_shared"
+    r = subprocess.run(IMPORT + import_args(fix) + ["-o", str(tmp_path / "m.pt")],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{tmp_path / 'm.pt'}\n"
+    ours = nmt_hyps(Path(r.stdout.strip()), "postnorm_shared", ["--beam", "1"])
+    assert [h["translation"] for h in ours] == [
+        h["translation"] for h in fairseq_hyps("postnorm_shared", 1)]
+
+
+class Evil:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+def test_crafted_pickle_is_refused_not_run(tmp_path, zipped):
+    marker = tmp_path / "ran"
+    bad = tmp_path / "checkpoint.pt"
+    torch.save({"args": Evil(marker), "model": {}}, bad,
+               _use_new_zipfile_serialization=zipped)
+    # In-process: had the loader run the pickle, it would have run in this very process.
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=bad)
+                           + ["-o", str(tmp_path / "m.pt")])
+    assert not marker.exists(), "the crafted pickle ran"
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and "refused to load" in r.stderr, r.stderr
+    assert "system" in r.stderr          # names what it asked for
+    assert not (tmp_path / "m.pt").exists()
+
+
+def edited_checkpoint(tmp_path: Path, **changes) -> Path:
+    """A copy of a fixture checkpoint with its model args changed (saved the way fairseq
+    saves them, as an argparse.Namespace)."""
+    from nmt.importers.safe_pickle import load_foreign, plain
+
+    ckpt = plain(load_foreign(FIXTURES / "postnorm_shared" / "checkpoint_last.pt", "fixture"))
+    args = ckpt["cfg"]["model"]
+    args.update(changes)
+    ckpt["cfg"]["model"] = argparse.Namespace(**args)
+    dest = tmp_path / "edited.pt"
+    torch.save(ckpt, dest)
+    return dest
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"arch": "lightconv_iwslt_de_en", "_name": "lightconv"}, "lightconv_iwslt_de_en"),
+    ({"adaptive_softmax_cutoff": "50,100"}, "adaptive softmax"),
+    ({"cross_self_attention": True}, "cross_self_attention"),
+    ({"activation_fn": "gelu_accurate"}, "gelu_accurate"),
+    ({"decoder_normalize_before": True}, "decoder_normalize_before"),
+])
+def test_unsupported_model_is_refused(tmp_path, changes, named):
+    ckpt = edited_checkpoint(tmp_path, **changes)
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+                           + ["-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_edited_but_supported_args_still_import(tmp_path):
+    """The edit itself is not what gets refused: harmless training-only options import."""
+    ckpt = edited_checkpoint(tmp_path, encoder_layerdrop=0.1, quant_noise_pq=0.1)
+    invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+           + ["-o", tmp_path / "m.pt"])
+
+
+def old_style(state: dict) -> dict:
+    """fairseq <= 0.6's names for the same weights: one in_proj per attention, the encoder's
+    layer_norms.0/1, no BetterTransformer copies."""
+    out = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if parts[0] == "encoder" and len(parts) == 4 and parts[1] == "layers":
+            continue                                      # 0.12's fast-path copies
+        if parts[-2] in ("k_proj", "v_proj"):
+            continue
+        if parts[-2] == "q_proj":
+            stem = ".".join(parts[:-2])
+            out[f"{stem}.in_proj_{parts[-1]}"] = torch.cat(
+                [state[f"{stem}.{c}_proj.{parts[-1]}"] for c in "qkv"])
+            continue
+        if parts[0] == "encoder" and parts[-2] in ("self_attn_layer_norm", "final_layer_norm"):
+            n = 0 if parts[-2] == "self_attn_layer_norm" else 1
+            key = ".".join(parts[:-2] + [f"layer_norms.{n}", parts[-1]])
+        out[key] = value
+    return out
+
+
+def test_old_checkpoint_layout_imports_the_same_weights(tmp_path, imported):
+    """An old checkpoint (legacy torch format, only an argparse 'args', fused attention
+    projections): the same nmt weights as the 0.12 layout of the same model."""
+    from nmt.checkpoint import load_checkpoint
+    from nmt.importers.safe_pickle import load_foreign, plain
+
+    fix = FIXTURES / "postnorm_shared"
+    new = plain(load_foreign(fix / "checkpoint_last.pt", "fixture"))
+    old = tmp_path / "old.pt"
+    torch.save({"args": argparse.Namespace(**new["cfg"]["model"]),
+                "model": old_style(new["model"])}, old, _use_new_zipfile_serialization=False)
+    invoke(import_main, import_args(fix, ckpt=old) + ["-o", tmp_path / "m.pt"])
+    ours = load_checkpoint(tmp_path / "m.pt")["model"]
+    ref = load_checkpoint(imported("postnorm_shared"))["model"]
+    assert ours.keys() == ref.keys()
+    assert all(torch.equal(ours[k], ref[k]) for k in ref)
+
+
+def test_wrong_dictionary_is_refused(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    fix = FIXTURES / "postnorm_shared"
+    for lang in ("en", "de"):
+        lines = (fix / f"dict.{lang}.txt").read_text(encoding="utf-8").splitlines()
+        (data / f"dict.{lang}.txt").write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    r = CliRunner().invoke(import_main, import_args(fix, data=data) + ["-o", tmp_path / "m.pt"])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert "rows" in r.stderr and "dictionar" in r.stderr, r.stderr
+
+
+def test_sentencepiece_pipeline(tmp_path):
+    """--sentencepiece: pieces looked up in fairseq's dictionary, decoded as fairseq's
+    SentencepieceBPE ('▁' -> space); the checkpoint carries the model and translates one line
+    per input line."""
+    import sentencepiece as spm
+
+    from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint
+
+    fix = FIXTURES / "postnorm_shared"
+    lines = (fix / "test.en").read_text(encoding="utf-8").splitlines()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines * 4), model_prefix=str(
+        tmp_path / "sp"), vocab_size=60, model_type="bpe", minloglevel=2)
+    args = ["fairseq", fix / "checkpoint_last.pt", "--data", fix, "--sentencepiece",
+            tmp_path / "sp.model", "-s", "en", "-t", "de", "-o", tmp_path / "m.pt"]
+    invoke(import_main, args)
+    src, tgt = codecs_from_checkpoint(load_checkpoint(tmp_path / "m.pt"))
+    assert src.kind == tgt.kind == "fairseq_sentencepiece"
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    pieces = sp.encode(lines[7], out_type=str)
+    assert src.pieces(lines[7]) == pieces
+    assert src.encode(lines[7]) == [src.dictionary.index(p) for p in pieces]
+    # fairseq's decoding: symbols joined, '▁' starts a word (these BPE symbols have none).
+    ids = [tgt.dictionary.index(w) for w in ("the", "garden")]
+    assert tgt.decode(ids) == "thegarden"
+    out = invoke(generate_main, [tmp_path / "m.pt", "-i", fix / "test.en", "--beam", "1", "-q"])
+    assert len(out.splitlines()) == len(lines)
+
+
+def test_bpe_words_for_alignments():
+    """Word-level alignments (--print-alignment) group '@@' pieces into their words."""
+    from nmt.search.forced import word_indices
+
+    pieces = ["Der", "ka@@", "t@@", "ze", "wo@@", "hl", "@-@", "b@@", "e@@", "kannt", "."]
+    assert word_indices(pieces, "subword_nmt") == [0, 1, 1, 1, 2, 2, 3, 4, 4, 4, 5]
+
+
+def test_ctranslate2_export_refuses_what_it_cannot_describe(tmp_path, imported):
+    """nmt-export writes tokenization instructions for nmt's own pipelines only: an imported
+    fairseq model is refused in one line rather than exported with wrong instructions."""
+    pytest.importorskip("ctranslate2")
+    from nmt.cli.export import main as export_main
+
+    r = CliRunner().invoke(export_main, [str(imported("postnorm_shared")), str(tmp_path / "ct2")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "subword_nmt" in r.stderr and not (tmp_path / "ct2").exists()
+
+
+def test_omegaconf_configuration_reads_as_plain_data():
+    """A cfg saved as an omegaconf DictConfig (made by omegaconf 2.0 in make_fixtures.py)
+    reads, through inert stand-ins, as the same plain arguments as the Namespace it came
+    from."""
+    from nmt.importers.fairseq import read_checkpoint
+
+    args, state = read_checkpoint(FIXTURES / "omegaconf_cfg.pt")
+    ref, _ = read_checkpoint(FIXTURES / "postnorm_shared" / "checkpoint_last.pt")
+    assert args == ref and list(state) == ["encoder.version"]
+
+
+def test_arguments_without_sizes_are_refused(tmp_path):
+    ckpt = edited_checkpoint(tmp_path, encoder_layers=None)
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+                           + ["-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "encoder_layers" in r.stderr

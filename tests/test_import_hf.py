@@ -1,0 +1,302 @@
+"""nmt-import huggingface and nmt-export --format huggingface (issue 28), against transformers
+itself: a small random MarianMTModel (swish, scaled embeddings, a non-zero final logits bias)
+with sentencepiece models trained here, as OPUS-MT ships them; nothing is downloaded."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")   # the test extra: pip install 'nmt[test]'
+from transformers import MarianConfig, MarianMTModel, MarianTokenizer  # noqa: E402
+
+import nmt  # noqa: E402
+from nmt.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint  # noqa: E402
+from nmt.data.codec import TextCodec  # noqa: E402
+from nmt.data.subword import train_sentencepiece, train_wordpiece  # noqa: E402
+from nmt.search.config import SearchConfig  # noqa: E402
+from nmt.search.forced import score_pairs  # noqa: E402
+from nmt.search.translator import Translator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_NEW = 20            # output pieces before the eos, both toolkits
+SYLLABLES = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "du", "sha", "qu", "x", "zo"]
+
+
+def cli(module: str, *args, ok: bool = True) -> subprocess.CompletedProcess:
+    """A console script as a real process (python -m nmt.cli.X), this checkout first."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    if ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def one_line_error(r: subprocess.CompletedProcess, prog: str) -> str:
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), r.stderr
+    return lines[0]
+
+
+def sentences(rng: random.Random, n: int) -> list[str]:
+    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(60)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 10))).capitalize()
+            + rng.choice([".", "?", "!", ""]) for _ in range(n)]
+
+
+def train_spm(lines: list[str], size: int) -> bytes:
+    """A unigram sentencepiece model with sentencepiece's own specials, as OPUS-MT's."""
+    import sentencepiece as spm
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
+                                   vocab_size=size, model_type="unigram",
+                                   character_coverage=1.0, minloglevel=2)
+    return out.getvalue()
+
+
+def marian_vocab(protos: list[bytes]) -> dict[str, int]:
+    """vocab.json as OPUS-MT's: </s> 0, <unk> 1, the pieces of both models, <pad> last; the
+    last two pieces of each model left out, so that the pipeline meets pieces the vocabulary
+    lacks."""
+    import sentencepiece as spm
+    pieces: list[str] = []
+    for proto in protos:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        own = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        pieces += [p for p in own[:-2] if p not in ("<unk>", "<s>", "</s>") and p not in pieces]
+    vocab = {"</s>": 0, "<unk>": 1}
+    for p in pieces:
+        vocab[p] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    return vocab
+
+
+def write_marian(d: Path, vocab, protos, seed=0, **overrides) -> MarianMTModel:
+    v = len(vocab)
+    cfg = MarianConfig(**{
+        "vocab_size": v, "decoder_vocab_size": v, "d_model": 32, "encoder_layers": 2,
+        "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "activation_function": "swish",
+        "scale_embedding": True, "pad_token_id": v - 1, "eos_token_id": 0,
+        "decoder_start_token_id": v - 1, "forced_eos_token_id": 0,
+        "max_position_embeddings": 128, "init_std": 0.3, **overrides})
+    torch.manual_seed(seed)
+    model = MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 1.0)
+        model.final_logits_bias[0, 0] += 4.0        # some outputs end before the limit
+    model.generation_config.num_beams = 4
+    model.generation_config.max_length = 64
+    model.generation_config.bad_words_ids = [[v - 1]]
+    model.save_pretrained(d)
+    (d / "source.spm").write_bytes(protos[0])
+    (d / "target.spm").write_bytes(protos[1])
+    (d / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"source_lang": "xx", "target_lang": "yy", "separate_vocabs": False}))
+    return model
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """(model directory, the HF model, 50 source lines, 50 target lines)."""
+    rng = random.Random(0)
+    src, tgt = sentences(rng, 300), sentences(rng, 300)
+    protos = [train_spm(src, 80), train_spm(tgt, 80)]
+    d = tmp_path_factory.mktemp("opus-mt-xx-yy")
+    model = write_marian(d, marian_vocab(protos), protos)
+    return d, model, src[:50], tgt[:50]
+
+
+@pytest.fixture(scope="module")
+def imported(marian, tmp_path_factory):
+    out = tmp_path_factory.mktemp("imported") / "model.pt"
+    r = cli("nmt.cli.import_", "huggingface", marian[0], "-o", out)
+    assert r.stdout == f"{out}\n"
+    return out
+
+
+def hf_translate(d: Path, model, lines, beams: int) -> list[str]:
+    tok = MarianTokenizer.from_pretrained(d)
+    out = model.generate(**tok(lines, return_tensors="pt", padding=True), num_beams=beams,
+                         do_sample=False, max_new_tokens=MAX_NEW + 1)
+    # the target side with target.spm (this transformers' default decodes with source.spm)
+    return tok.batch_decode(out, skip_special_tokens=True, use_source_tokenizer=False)
+
+
+def test_teacher_forced_log_probs_agree_with_transformers(marian, imported):
+    d, model, src, tgt = marian
+    tok = MarianTokenizer.from_pretrained(d)
+    t = Translator.from_checkpoint(imported)
+    # the text pipeline: the same pieces -> ids, unknown pieces included
+    vocab = {i: p for p, i in tok.get_vocab().items()}
+    symbols = t.src_codec.dictionary.symbols
+    ids = tok(src).input_ids
+    assert [[symbols[i] for i in x] for x in t.src_codec.encode_batch(src)] == \
+        [[vocab[i] for i in x[:-1]] for x in ids]
+    assert any("<unk>" in [vocab[i] for i in x] for x in ids)
+    enc = tok(src, text_target=tgt, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                       labels=enc.labels).logits
+    want = logits.log_softmax(-1).gather(2, enc.labels.unsqueeze(2)).squeeze(2)
+    got = score_pairs(t, src, tgt)
+    for i, s in enumerate(got):
+        n = int(enc.labels[i].ne(tok.pad_token_id).sum())
+        assert s.n_tokens == n
+        assert torch.allclose(torch.tensor(s.token_scores), want[i, :n], atol=1e-4, rtol=0)
+
+
+def test_greedy_output_is_transformers_line_for_line(marian, imported, tmp_path):
+    d, model, src, _ = marian
+    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in src), encoding="utf-8")
+    r = cli("nmt.cli.generate", imported, "-i", tmp_path / "in.txt", "--beam", "1",
+            "--max-len-a", "0", "--max-len-b", MAX_NEW, "-q")
+    assert r.stdout.split("\n")[:-1] == hf_translate(d, model, src, 1)
+
+
+def test_beam_search_is_transformers_line_for_line(marian, imported):
+    """Beam 4 with the checkpoint's preset: transformers' length_penalty 1.0 and its rule for
+    when a sentence is done (lenpen formula hf)."""
+    d, model, src, _ = marian
+    t = Translator.from_checkpoint(imported, search=SearchConfig(
+        beam=4, max_len_a=0.0, max_len_b=MAX_NEW))
+    assert (t.search.lenpen, t.search.lenpen_formula) == (1.0, "hf")
+    assert t.translate(src) == hf_translate(d, model, src, 4)
+
+
+def test_preset_is_transformers_generation_config(imported):
+    cfg = nmt.config.ModelConfig.from_dict(load_checkpoint(imported)["model_config"])
+    assert (cfg.beam, cfg.lenpen, cfg.lenpen_formula, cfg.max_len_a, cfg.max_len_b) == \
+        (4, 1.0, "hf", 0.0, 62)
+    assert (cfg.activation, cfg.scale_embedding, cfg.sinusoid_layout, cfg.decoder_start,
+            cfg.output_bias, cfg.tie_output) == ("swish", True, "marian", "pad", True, True)
+
+
+def nmt_model_checkpoint(path: Path, lines: list[str]) -> Path:
+    """A model nmt could have trained: its own sentencepiece BPE, Marian's sinusoids, swish,
+    an output bias and an untied output projection."""
+    codec = TextCodec(train_sentencepiece(lines, 90))
+    cfg = nmt.get_arch("transformer_tiny", {"sinusoid_layout": "marian", "activation": "swish",
+                                            "output_bias": True, "tie_output": False})
+    torch.manual_seed(1)
+    model = nmt.build_model(cfg, len(codec.dictionary), len(codec.dictionary))
+    with torch.no_grad():
+        model.output_bias.normal_(0.0, 1.0)
+        model.output_bias[2] += 3.0
+    return save_checkpoint(make_checkpoint(
+        model_config=cfg, model_state=model.state_dict(), share_all_embeddings=True,
+        src_codec=codec, tgt_codec=codec, src_lang="xx", tgt_lang="yy"), path)
+
+
+def test_round_trip_through_transformers_is_bit_for_bit(marian, tmp_path):
+    src = marian[2]
+    ckpt = nmt_model_checkpoint(tmp_path / "nmt.pt", sentences(random.Random(1), 300))
+    r = cli("nmt.cli.export", ckpt, tmp_path / "hf", "--format", "huggingface")
+    assert r.stdout == f"{tmp_path / 'hf'}\n"
+    assert sorted(os.listdir(tmp_path / "hf")) == [
+        "config.json", "generation_config.json", "model.safetensors", "source.spm",
+        "special_tokens_map.json", "target.spm", "tokenizer_config.json", "vocab.json"]
+    cli("nmt.cli.import_", "huggingface", tmp_path / "hf", "-o", tmp_path / "back.pt")
+    a, b = load_checkpoint(ckpt), load_checkpoint(tmp_path / "back.pt")
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    # the preset's alpha (0.6), which generation_config.json gives transformers too, with
+    # transformers' formula
+    search = SearchConfig(beam=4, lenpen_formula="hf", max_len_a=0.0, max_len_b=MAX_NEW)
+    mine = Translator.from_checkpoint(ckpt, search=search).translate_results(src)
+    back = Translator.from_checkpoint(tmp_path / "back.pt", search=search)
+    got = back.translate_results(src)
+    assert [r.hypotheses[0].ids for r in got] == [r.hypotheses[0].ids for r in mine]
+    # and transformers translates the export as nmt does. (Texts: the imported checkpoint
+    # decodes as MarianTokenizer, which drops <unk>; nmt's own sentencepiece codec writes it
+    # as ' ⁇ ', hence the comparison of the imported one's.)
+    hf = MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf_translate(tmp_path / "hf", hf, src, 4) == [r.text for r in got]
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_pickle_is_refused_and_never_run(marian, tmp_path):
+    d = tmp_path / "crafted"
+    d.mkdir()
+    for f in ("config.json", "vocab.json", "source.spm", "target.spm"):
+        (d / f).write_bytes((marian[0] / f).read_bytes())
+    payload = RunsCode()
+    payload.marker = tmp_path / "ran"
+    torch.save(payload, d / "pytorch_model.bin")     # torch.save pickles it: os.system
+    r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "x.pt", ok=False)
+    assert "refused to load" in one_line_error(r, "nmt-import")
+    assert not payload.marker.exists() and not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"model_type": "bart"}, "model_type 'bart'"),
+    ({"activation_function": "gelu_new"}, "activation_function 'gelu_new'"),
+    ({"normalize_before": True}, "normalize_before=True"),
+    ({"decoder_ffn_dim": 128}, "encoder_ffn_dim=64 differs from decoder_ffn_dim=128"),
+    ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
+    ({"decoder_start_token_id": 5}, "decoder_start_token_id 5"),
+])
+def test_what_nmt_cannot_represent_is_refused_in_one_line(marian, tmp_path, change, named):
+    from click.testing import CliRunner
+
+    from nmt.cli.import_ import main
+
+    d = tmp_path / "changed"
+    d.mkdir()
+    for f in os.listdir(marian[0]):
+        (d / f).write_bytes((marian[0] / f).read_bytes())
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **change}))
+    r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(tmp_path / "x.pt")])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("nmt-import: error: ") and "cannot import" in lines[0]
+    assert named in lines[0]
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_export_refuses_what_marian_cannot_express(tmp_path):
+    lines = sentences(random.Random(2), 200)
+    for overrides, codec, named in (
+            ({}, TextCodec(train_sentencepiece(lines, 60)), "interleaved sinusoids"),
+            ({"sinusoid_layout": "marian", "pre_norm": True},
+             TextCodec(train_sentencepiece(lines, 60)), "pre-norm"),
+            ({"sinusoid_layout": "marian"}, TextCodec(train_wordpiece(lines, 60)), "wordpiece")):
+        cfg = nmt.get_arch("transformer_tiny", overrides)
+        model = nmt.build_model(cfg, len(codec.dictionary), len(codec.dictionary))
+        ckpt = save_checkpoint(make_checkpoint(
+            model_config=cfg, model_state=model.state_dict(), share_all_embeddings=True,
+            src_codec=codec, tgt_codec=codec), tmp_path / "m.pt")
+        r = cli("nmt.cli.export", ckpt, tmp_path / "hf", "--format", "huggingface", ok=False)
+        assert named in one_line_error(r, "nmt-export")
+        assert not (tmp_path / "hf").exists()
+
+
+def test_hf_extra_test_dependency_and_console_script_in_setup(monkeypatch):
+    import runpy
+
+    import setuptools
+
+    seen = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: seen.update(kw))
+    monkeypatch.chdir(ROOT)
+    runpy.run_path(str(ROOT / "setup.py"))
+    extras = seen["extras_require"]
+    assert any(r.startswith("transformers") for r in extras["hf"])
+    assert any(r.startswith("transformers") for r in extras["test"])
+    assert "nmt-import=nmt.cli.import_:main" in seen["entry_points"]["console_scripts"]
