@@ -158,14 +158,14 @@ def test_beam_search_with_the_readme_recipe_agrees(trained, tmp_path, monkeypatc
     # before: 100 of 103).
     import nmt.search.generator as generator
 
-    restrict = generator._restrict
+    restrict = generator.restrict
 
     def renormalized(probs, *args, **kwargs):
         probs[:, [PAD, BOS]] = 0.0
         probs /= probs.sum(1, keepdim=True)
         return restrict(probs, *args, **kwargs)
 
-    monkeypatch.setattr(generator, "_restrict", renormalized)
+    monkeypatch.setattr(generator, "restrict", renormalized)
     ref = Translator.from_checkpoint(trained, search=SearchConfig(beam=4)).translate(lines)
     assert hyp == ref
 

@@ -8,7 +8,6 @@ module reads, writes and reports progress.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -20,10 +19,11 @@ import click
 from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
                             read_path_from_stdin, setup_runtime, signals_deferred,
                             stop_on_signals)
+from nmt.cli.generate_config import GenerateConfig
+from nmt.cli.generate_modes import format_result, score_reference, translate_chunk
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError
 from nmt.io import LineWriter, atomic_write
-from nmt.search.config import GenerateConfig
 
 log = logging.getLogger("nmt.generate")
 
@@ -39,21 +39,6 @@ def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def format_result(result, output_format: str, nbest: int) -> str:
-    """The output text of one input line: 1 line (text, jsonl) or ``nbest`` lines (text)."""
-    if output_format == "jsonl":
-        return json.dumps(result.to_json(), ensure_ascii=False)
-    # A line break inside a translation (a byte-fallback subword could produce one) would
-    # shift every following line: it becomes a space.
-    texts = [_one_line(h.text) for h in result.hypotheses[:nbest]]
-    texts += [""] * (nbest - len(texts))
-    return "\n".join(texts)
-
-
-def _one_line(text: str) -> str:
-    return text.replace("\r", " ").replace("\n", " ")
 
 
 @contextmanager
@@ -146,11 +131,10 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     if split is not None and (cfg.input_format != "text" or cfg.score_reference):
         raise UsageError("--input-format jsonl and --score-reference read --input or stdin, "
                          "not a --split")
-    translator = Translator.from_checkpoint(sources, search=cfg.search, batch=cfg.batch,
-                                            device=device, precision=precision)
-    _set_tree_constraints(translator, cfg.tree_constraints)
-    if cfg.sampling:
-        translator.sampling = cfg.sampling_config
+    translator = Translator.from_checkpoint(
+        sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
+        sampling=cfg.sampling_config if cfg.sampling else None,
+        tree_constraints=cfg.tree_constraints)
     _log_decoding(translator, cfg, precision)
 
     start = time.perf_counter()
@@ -174,7 +158,6 @@ def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | N
     with open_output(cfg.output_path) as out:
         writer.out = out
         if cfg.score_reference:
-            from nmt.cli.generate_modes import score_reference
 
             with _Progress(None, quiet) as progress:
                 score_reference(translator, cfg, writer, progress)
@@ -201,6 +184,8 @@ def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> N
             how += f" ({s.formula} formula)"
     log.info("%s, max length %g * source + %d, %d model(s) on %s, %s", how, s.max_len_a,
              s.max_len_b, len(translator.ensemble), translator.device, precision)
+    if translator.constraints is not None:
+        log.info("tree constraints: every output is a well-formed linearized tree")
 
 
 def _checkpoint_from_stdin() -> str:
@@ -214,18 +199,6 @@ def _checkpoint_from_stdin() -> str:
                          f"checkpoint path (pipeline mode), but '{shown}' is no such file; to "
                          f"translate stdin, name the checkpoint: nmt-generate CKPT < input")
     return line
-
-
-def _set_tree_constraints(translator, enabled: bool | None) -> None:
-    """--tree-constraints/--no-tree-constraints over the Translator's default (on for a tree
-    target vocabulary, nmt.search.constraints.is_tree_vocabulary)."""
-    from nmt.search.constraints import tree_constraints_for
-
-    if enabled is not None:
-        translator.constraints = tree_constraints_for(
-            translator.tgt_codec.dictionary, enabled, translator.src_codec.dictionary)
-    if translator.constraints is not None:
-        log.info("tree constraints: every output is a well-formed linearized tree")
 
 
 class _Writer:
@@ -254,7 +227,6 @@ class _Writer:
 def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None:
     """Raw lines (text or jsonl requests) from a file (read and checked first, so that bad
     input writes nothing) or stdin (streamed: see nmt.io.stream_batches)."""
-    from nmt.cli.generate_modes import translate_chunk
     from nmt.io import iter_lines, read_lines, stream_batches
 
     jsonl = cfg.input_format == "jsonl"

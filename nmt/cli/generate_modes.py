@@ -7,15 +7,29 @@ import json
 from typing import Any, Callable, Sequence
 
 from nmt.errors import NmtError
-from nmt.search.config import GenerateConfig
+from nmt.cli.generate_config import GenerateConfig
 from nmt.specials import EOS
+
+
+def format_result(result, output_format: str, nbest: int) -> str:
+    """The output text of one input line: 1 line (text, jsonl) or ``nbest`` lines (text)."""
+    if output_format == "jsonl":
+        return json.dumps(result.to_json(), ensure_ascii=False)
+    # A line break inside a translation (a byte-fallback subword could produce one) would
+    # shift every following line: it becomes a space.
+    texts = [_one_line(h.text) for h in result.hypotheses[:nbest]]
+    texts += [""] * (nbest - len(texts))
+    return "\n".join(texts)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
                     progress: Callable[[int], None] | None) -> tuple[list, list[str]]:
     """The results and output lines of one chunk of input: raw lines (text input) or
     nmt.search.requests.Request objects (jsonl input, parsed by the caller)."""
-    from nmt.cli.generate import format_result
 
     prefixes = None
     if cfg.input_format == "jsonl":

@@ -14,7 +14,7 @@ import io
 from typing import Sequence
 
 from nmt.data.dictionary import Dictionary
-from nmt.data.subword import SubwordModel
+from nmt.data.subword_base import SubwordModel
 from nmt.errors import NmtError
 
 INSTALL_HINT = "pip install 'nmt[fairseq]' (or: pip install subword-nmt)"

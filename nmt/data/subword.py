@@ -19,38 +19,12 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from nmt.data.dictionary import BOS, EOS, PAD, SPECIALS, UNK, Dictionary
+from nmt.data.subword_base import SubwordModel  # noqa: F401 (re-exported)
 from nmt.errors import NmtError
 
 log = logging.getLogger("nmt.data.subword")
 
 KINDS = ("bpe", "wordpiece", "none")
-
-
-class SubwordModel:
-    """Interface shared by the three kinds."""
-
-    kind = "?"
-    suffix = ""          # file name suffix of the saved model, "" when there is no file
-
-    def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
-        raise NotImplementedError
-
-    def pieces(self, line: str) -> list[str]:
-        raise NotImplementedError
-
-    def decode_ids(self, ids: Sequence[int]) -> str:
-        """``ids`` hold no specials except possibly unk."""
-        raise NotImplementedError
-
-    def dictionary(self) -> Dictionary:
-        """The dictionary whose ids this model emits."""
-        raise NotImplementedError
-
-    def to_state(self) -> dict:
-        raise NotImplementedError
-
-    def save(self, path: Path) -> None:
-        raise NotImplementedError
 
 
 # --- BPE through sentencepiece -------------------------------------------------------------------

@@ -25,23 +25,14 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
-from nmt.importers.common import nmt_dictionary, permute_rows
+from nmt.importers.common import nmt_dictionary
+from nmt.importers.fairseq_model import (FAIRSEQ_SPECIALS, NMT_FROM_FAIRSEQ,  # noqa: F401
+                                         TRANSFORMER_ARCHS, nmt_rows)
 from nmt.importers.safe_pickle import load_foreign, plain
 from nmt.io import check_readable, iter_lines
-from nmt.specials import BOS, EOS, PAD, UNK
 
 log = logging.getLogger("nmt.importers.fairseq")
 WHAT = "fairseq checkpoint"
-# fairseq's transformer family: one model class, these presets (same modules, other sizes).
-TRANSFORMER_ARCHS = frozenset({
-    "transformer", "transformer_iwslt_de_en", "transformer_wmt_en_de",
-    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
-    "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t", "transformer_tiny",
-    "transformer_align", "transformer_wmt_en_de_big_align"})
-# fairseq's dictionary puts its specials first, in this order (ids 0-3) ...
-FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-# ... and nmt's special id -> fairseq's id of the same symbol (then the same symbols follow).
-NMT_FROM_FAIRSEQ = {PAD: 1, BOS: 0, EOS: 2, UNK: 3}
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
@@ -99,14 +90,6 @@ def load_dictionary(path: Path) -> Dictionary:
         raise NmtError(f"{p}: repeats a symbol: not a dictionary nmt can map row for row")
     d.set_counts(d.counts[:4] + counts)
     return d
-
-
-def nmt_rows(fairseq_rows: torch.Tensor) -> torch.Tensor:
-    """Embedding/output rows in nmt's order: fairseq's with <s> and <pad> swapped (what
-    nmt_dictionary's order is for every fairseq dictionary)."""
-    n = fairseq_rows.size(0)
-    order = [NMT_FROM_FAIRSEQ[i] for i in range(4)] + list(range(4, n))
-    return permute_rows(fairseq_rows, order)
 
 
 def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *,

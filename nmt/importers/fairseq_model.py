@@ -13,6 +13,28 @@ from typing import Any, Callable, Mapping
 import torch
 
 from nmt.errors import NmtError
+from nmt.importers.common import permute_rows
+from nmt.specials import BOS, EOS, PAD, UNK
+
+# fairseq's transformer family: one model class, these presets (same modules, other sizes).
+TRANSFORMER_ARCHS = frozenset({
+    "transformer", "transformer_iwslt_de_en", "transformer_wmt_en_de",
+    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
+    "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t", "transformer_tiny",
+    "transformer_align", "transformer_wmt_en_de_big_align"})
+# fairseq's dictionary puts its specials first, in this order (ids 0-3) ...
+FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+# ... and nmt's special id -> fairseq's id of the same symbol (then the same symbols follow).
+NMT_FROM_FAIRSEQ = {PAD: 1, BOS: 0, EOS: 2, UNK: 3}
+
+
+def nmt_rows(fairseq_rows: torch.Tensor) -> torch.Tensor:
+    """Embedding/output rows in nmt's order: fairseq's with <s> and <pad> swapped (what
+    nmt_dictionary's order is for every fairseq dictionary)."""
+    n = fairseq_rows.size(0)
+    order = [NMT_FROM_FAIRSEQ[i] for i in range(4)] + list(range(4, n))
+    return permute_rows(fairseq_rows, order)
+
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish"}
 # Options that make the model compute something nmt does not: refused when set.
@@ -52,7 +74,6 @@ def _set(value: Any) -> bool:
 
 def model_fields(args: Mapping[str, Any]) -> dict:
     """ModelConfig fields of a fairseq transformer's args (flat, legacy names)."""
-    from nmt.importers.fairseq import TRANSFORMER_ARCHS
 
     arch = args.get("arch") or args.get("_name")
     if arch not in TRANSFORMER_ARCHS:
@@ -152,7 +173,6 @@ def _norm(src: _Source, new: str, old: str) -> Callable[[str], torch.Tensor]:
 
 def nmt_state(src: _Source, keys: list[str], share_all: bool) -> dict[str, torch.Tensor]:
     """nmt's state dict (``keys``: an nmt model's state_dict keys) from fairseq's weights."""
-    from nmt.importers.fairseq import nmt_rows
 
     direct = {"src_embed.weight": lambda: nmt_rows(src("encoder.embed_tokens.weight")),
               "tgt_embed.weight": lambda: nmt_rows(src("decoder.embed_tokens.weight")),

@@ -124,7 +124,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         else:
             probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
         vocab = probs.size(1)
-        _restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if hf_rule else None)
+        restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if hf_rule else None)
 
         c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
             probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
@@ -185,7 +185,7 @@ def _best_hypotheses(finished, nbest: int) -> list[list[Hypothesis]]:
     return out
 
 
-def _restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
+def restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
               forced_eos_p: float | None = None) -> None:
     """Zero, in ``probs`` [N*K, V], what may not come next: pad and bos, what the constraints
     state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length.

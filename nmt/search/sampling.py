@@ -21,27 +21,11 @@ import torch
 from torch import Tensor
 
 from nmt.errors import UsageError
-from nmt.search.config import SearchConfig
+from nmt.search.config import SamplingConfig, SearchConfig
 from nmt.search.generator import Hypothesis, max_lengths
-from nmt.search.generator import _restrict as restrict_step
+from nmt.search.generator import restrict as restrict_step
 from nmt.search.length_penalty import length_penalty
 from nmt.specials import EOS, PAD
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    topk: int = 0                 # keep the k most probable tokens (0: all)
-    topp: float = 1.0             # keep the smallest set with this much probability (1: all)
-    temperature: float = 1.0      # p ** (1 / temperature), renormalized
-    seed: int = 1
-
-    def __post_init__(self) -> None:
-        if self.topk < 0:
-            raise UsageError(f"--topk must be >= 0, got {self.topk}")
-        if not 0.0 < self.topp <= 1.0:
-            raise UsageError(f"--topp must be in (0, 1], got {self.topp}")
-        if not self.temperature > 0.0:
-            raise UsageError(f"--temperature must be > 0, got {self.temperature}")
 
 
 def filter_distribution(probs: Tensor, cfg: SamplingConfig) -> Tensor:

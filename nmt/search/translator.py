@@ -33,7 +33,7 @@ import torch
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
 from nmt.search.constraints import tree_constraints_for
-from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SearchConfig
+from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
 
@@ -80,21 +80,21 @@ class Translator:
 
     def __init__(self, models: Sequence[torch.nn.Module], src_codec, tgt_codec, *,
                  search: SearchConfig | None = None, batch: BatchConfig | None = None,
-                 device: str | torch.device | None = "cpu", sampling=None):
+                 device: str | torch.device | None = "cpu",
+                 sampling: SamplingConfig | None = None, tree_constraints: bool | None = None):
         """``models`` are on ``device`` already, in eval mode. Unset ``search`` fields come from
         the first model's preset (its ``cfg``; the paper's defaults for a model without one).
-        ``sampling`` (nmt.search.sampling.SamplingConfig): draw ``search.nbest`` samples per
-        sentence instead of beam search."""
+        ``sampling``: draw ``search.nbest`` samples per sentence instead of beam search.
+        ``tree_constraints``: well-formed linearized trees by construction (nmt.search.
+        constraints); None: on exactly when the target vocabulary is a tree vocabulary."""
         self.ensemble = EnsembleModel(models)
         self.search = (search or SearchConfig()).resolve(getattr(models[0], "cfg", None))
         self.batch = batch or BatchConfig()
         self.batch_size, self.max_tokens = self.batch.sentences, self.batch.max_tokens
         self.device = resolve_device("cpu" if device is None else device)
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
-        # Well-formed trees by construction for a tree target vocabulary (nmt.search.
-        # constraints); set to None (or tree_constraints_for(d, True/False)) to change.
-        self.constraints = tree_constraints_for(tgt_codec.dictionary,
-                                                src_dictionary=src_codec.dictionary)
+        self.constraints = tree_constraints_for(tgt_codec.dictionary, tree_constraints,
+                                                src_codec.dictionary)
         self.sampling = sampling
         limit = self.ensemble.max_positions
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
@@ -106,7 +106,8 @@ class Translator:
     def from_checkpoint(cls, paths: str | os.PathLike | dict | Sequence[str | os.PathLike | dict],
                         *, search: SearchConfig | None = None, batch: BatchConfig | None = None,
                         device: str | torch.device | None = None,
-                        precision: str = "fp32", sampling=None) -> "Translator":
+                        precision: str = "fp32", sampling: SamplingConfig | None = None,
+                        tree_constraints: bool | None = None) -> "Translator":
         """Load one checkpoint or an ensemble (a list of paths sharing their vocabularies).
 
         Each entry is a path or a checkpoint dict already read with
@@ -116,7 +117,8 @@ class Translator:
         ``device``: cpu, cuda, cuda:N or auto/None (nmt.runtime.resolve_device).
         ``precision`` fp16 needs a GPU; bf16 a GPU or a CPU with native bf16 support; int8
         (the linear layers dynamically quantized, nmt.models.quantize) runs on the CPU only,
-        which device auto/None then means.
+        which device auto/None then means. ``sampling`` and ``tree_constraints``: as for the
+        constructor.
         """
         from nmt.checkpoint import codecs_from_checkpoint, load_model_from_checkpoint, model_config
 
@@ -146,7 +148,7 @@ class Translator:
                 model = quantize_int8(model)
             models.append(model)
         return cls(models, codecs[0], codecs[1], search=(search or SearchConfig()).resolve(cfg),
-                   batch=batch, device=dev, sampling=sampling)
+                   batch=batch, device=dev, sampling=sampling, tree_constraints=tree_constraints)
 
     # --- translation ------------------------------------------------------------------------
     @overload

@@ -1,0 +1,176 @@
+"""nmt-generate's command line, written once: each field of ``GenerateConfig`` is an option
+(nmt.options.option) with its default and help; ``.search``, ``.batch`` and
+``.sampling_config`` hand the library its part (nmt.search.config).
+
+    cfg = GenerateConfig(beam=5, max_tokens=4096)
+    Translator.from_checkpoint("ckpt.pt", search=cfg.search, batch=cfg.batch)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nmt.config import CHOICES
+from nmt.errors import UsageError
+from nmt.options import option
+from nmt.search.config import BatchConfig, SamplingConfig, SearchConfig
+
+OUTPUT_FORMATS = ("text", "jsonl")
+INPUT_FORMATS = ("text", "jsonl")
+
+
+@dataclass
+class GenerateConfig:
+    """What nmt-generate reads, how it decodes and batches, and what it writes."""
+
+    input_path: str | None = option(
+        None, "Source sentences, one per line, raw text (default: stdin; with no CHECKPOINT: "
+              "the --split of the checkpoint's data directory).",
+        flag="--input", short="-i", metavar="PATH")
+    output_path: str | None = option(
+        None, "Write here instead of stdout (under a temporary name, renamed at the end).",
+        flag="--output", short="-o", metavar="PATH")
+    # --- decoding (SearchConfig; None: the checkpoint's preset) ---
+    beam: int | None = option(
+        SearchConfig.beam, "Beam size [default: the checkpoint's preset, 4 for translation].",
+        short="-b")
+    lenpen: float | None = option(
+        SearchConfig.lenpen, "Length penalty alpha: scores are log P / ((5+|Y|)/6)^alpha "
+                             "with --lenpen-formula gnmt [default: the preset's, 0.6].")
+    lenpen_formula: str | None = option(
+        SearchConfig.lenpen_formula,
+        "How --lenpen normalizes: gnmt ((5+|Y|)/6)^alpha, nmt's; fairseq |Y|^alpha, as "
+        "fairseq-generate; hf |Y|^alpha with transformers' rule for when a sentence's beam "
+        "search is done, as its generate(). |Y| counts the eos [default: the preset's, gnmt; "
+        "an imported model's: its toolkit's].", choices=CHOICES["lenpen_formula"],
+        show_default=False)
+    max_len_a: float | None = option(
+        SearchConfig.max_len_a,
+        "Output length limit a*source_length + b, a [default: the preset's, 1].")
+    max_len_b: int | None = option(SearchConfig.max_len_b,
+                                   "... and b [default: the preset's, 50].")
+    nbest: int = option(
+        SearchConfig.nbest, "Hypotheses per sentence (<= beam). Text output: NBEST lines per "
+                            "input line, best first, empty lines filling up; jsonl: an 'nbest' "
+                            "list.")
+    # --- batching (BatchConfig) ---
+    batch_size: int | None = option(
+        BatchConfig.batch_size, "Sentences per batch [default: 64 unless --max-tokens is given].")
+    max_tokens: int | None = option(BatchConfig.max_tokens,
+                                    "Source tokens (padding included) per batch.")
+    max_source_len: int = option(
+        BatchConfig.max_source_len, "Longer sources (in subwords) are truncated with a warning "
+                                    "naming the line (also capped by the model's learned "
+                                    "positions).")
+    # --- input and output ---
+    buffer_size: int = option(
+        10000, "stdin: translate what has arrived, at most this many lines at a time, as soon "
+               "as no more input is pending (a program that writes a line and waits gets its "
+               "translation; a file piped in fills whole batches).")
+    split: str | None = option(
+        None, "Translate this split of the checkpoint's data directory (the one it was trained "
+              "on) instead of stdin [default: test when no CHECKPOINT is given, else stdin].",
+        show_default=False)
+    input_format: str = option(
+        "text", "text: one raw sentence per line; jsonl: one object per line, {\"source\": "
+                "...}, optionally with \"prefix\" (the translation starts with it, then beam "
+                "search goes on) and \"target\" (for --score-reference).",
+        choices=INPUT_FORMATS)
+    output_format: str = option(
+        "text", "text: detokenized translations; jsonl: one object per line with id, source, "
+                "translation, score, tokens and token_scores.", choices=OUTPUT_FORMATS)
+    # --- scoring given pairs, alignments ---
+    score_reference: bool = option(
+        False, "Score given pairs instead of translating: for each input line, the model's "
+               "log-probability of its target (jsonl \"target\", or the same line of "
+               "--reference). Text output: total, per-token and length-normalized "
+               "log-probability, tab-separated; jsonl: an object with all three. Not with "
+               "--nbest, --sampling or --print-alignment.")
+    reference: str | None = option(
+        None, "--score-reference with text input: the targets, one per line of the input.",
+        metavar="PATH")
+    print_alignment: bool = option(
+        False, "jsonl output: add \"alignment\", for each target word the source word its "
+               "encoder-decoder attention weighs most (head-averaged), and "
+               "\"alignment_subwords\", the same on subwords.")
+    align_layer: int | None = option(
+        None, "Decoder layer of --print-alignment (0-based, negative counts from the top) "
+              "[default: the penultimate, whose attention aligns best in 6-layer Transformers "
+              "(Garg et al. 2019); small models may align better with the last: check on "
+              "your data].", show_default=False)
+    # --- sampling (nmt.search.sampling) ---
+    sampling: bool = option(
+        False, "Draw each output token from the model's distribution instead of beam search "
+               "(e.g. for back-translation); --nbest gives several samples. Reproducible: "
+               "each line draws from (--seed, its line number), so the output depends neither "
+               "on the batch size nor on the other lines.")
+    topk: int | None = option(None, "--sampling: draw from the K most probable tokens only "
+                                    "[default: all].", metavar="K", show_default=False)
+    topp: float | None = option(None, "--sampling: draw from the smallest set of tokens "
+                                      "holding this much probability, in (0, 1] "
+                                      "[default: 1].", metavar="P", show_default=False)
+    temperature: float | None = option(None, "--sampling: divide log-probabilities by T "
+                                             "before drawing [default: 1].", metavar="T",
+                                       show_default=False)
+    seed: int | None = option(None, "--sampling: random seed [default: 1].", show_default=False)
+    # --- parsing ---
+    tree_constraints: bool | None = option(
+        None, "Parsing: constrained decoding, every output a well-formed linearized tree "
+              "(brackets open before they close, with matching labels and a word each; one XX "
+              "per source word; room kept to close within the length limit). Default: on for a "
+              "parsing checkpoint, recognized by its target dictionary (XX and only bracket "
+              "symbols besides the specials; checkpoints record no task); --tree-constraints "
+              "forces it on, e.g. with a joined dictionary.", negatable=True, show_default=False)
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 1:
+            raise UsageError(f"--buffer-size must be >= 1, got {self.buffer_size}")
+        for name in ("topk", "topp", "temperature", "seed"):
+            if getattr(self, name) is not None and not self.sampling:
+                raise UsageError(f"--{name} goes with --sampling")
+        if self.seed is not None and self.seed < 0:
+            raise UsageError(f"--seed must be >= 0, got {self.seed}")
+        if self.input_format not in INPUT_FORMATS:
+            raise UsageError(f"unknown input format '{self.input_format}' "
+                             f"(choose from {', '.join(INPUT_FORMATS)})")
+        if self.print_alignment and self.output_format != "jsonl":
+            raise UsageError("--print-alignment needs --output-format jsonl")
+        if self.align_layer is not None and not self.print_alignment:
+            raise UsageError("--align-layer goes with --print-alignment")
+        if self.reference is not None and not self.score_reference:
+            raise UsageError("--reference goes with --score-reference")
+        if self.score_reference and (self.sampling or self.print_alignment or self.nbest != 1):
+            raise UsageError("--score-reference scores given pairs, one score per pair: it "
+                             "does not go with --sampling, --print-alignment or --nbest")
+        if self.score_reference and self.input_format == "text" and self.reference is None:
+            raise UsageError("--score-reference needs the targets: --reference FILE, or "
+                             "--input-format jsonl with a \"target\" on each line")
+        if self.sampling:
+            self.sampling_config     # checks --topk/--topp/--temperature
+        if self.output_format not in OUTPUT_FORMATS:
+            raise UsageError(f"unknown output format '{self.output_format}' "
+                             f"(choose from {', '.join(OUTPUT_FORMATS)})")
+        _ = self.search, self.batch       # bad values fail now, before any loading
+
+    @property
+    def search(self) -> SearchConfig:
+        """The decoding options (unset ones: the checkpoint's preset)."""
+        # Sampling draws --nbest samples whatever the beam; the beam only bounds nbest.
+        beam = max(self.beam or 1, self.nbest) if self.sampling else self.beam
+        return SearchConfig(beam=beam, lenpen=self.lenpen, lenpen_formula=self.lenpen_formula,
+                            max_len_a=self.max_len_a,
+                            max_len_b=self.max_len_b, nbest=self.nbest)
+
+    @property
+    def sampling_config(self):
+        return SamplingConfig(topk=self.topk or 0, topp=1.0 if self.topp is None else self.topp,
+                              temperature=1.0 if self.temperature is None else self.temperature,
+                              seed=1 if self.seed is None else self.seed)
+
+    @property
+    def batch(self) -> BatchConfig:
+        return BatchConfig(batch_size=self.batch_size, max_tokens=self.max_tokens,
+                           max_source_len=self.max_source_len)
+
+
+__all__ = ["GenerateConfig", "OUTPUT_FORMATS", "INPUT_FORMATS"]
