@@ -161,10 +161,11 @@ def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
 def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torch.Tensor],
                     share_all_embeddings: bool, src_codec, tgt_codec, src_lang: str = "src",
                     tgt_lang: str = "tgt", data_dir: str | None = None,
+                    task: str = "translation",
                     training: Mapping[str, Any] | None = None) -> dict:
     """The checkpoint dictionary of a model and its codecs (the one place that spells out the
     format). ``src_codec``/``tgt_codec`` are TextCodec objects or their ``to_state()``;
-    ``training`` adds the training keys (train_config, optimizer, scheduler, scaler, rng,
+    ``task`` is what the model is for (nmt.tasks.task.TASKS); ``training`` adds the training keys (train_config, optimizer, scheduler, scaler, rng,
     progress) to make a resumable training checkpoint."""
     from nmt.version import __version__
 
@@ -182,6 +183,7 @@ def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torc
         "src_lang": src_lang,
         "tgt_lang": tgt_lang,
         "data_dir": None if data_dir is None else str(data_dir),
+        "task": task,
         "src_codec": src_state,
         "tgt_codec": tgt_state,
         "model": dict(model_state),

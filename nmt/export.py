@@ -83,6 +83,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
                          f"{', '.join(QUANTIZATIONS)}")
     from nmt.checkpoint import (codecs_from_checkpoint, inference_checkpoint, load_checkpoint,
                                 load_model_from_checkpoint)
+    from nmt.tasks.task import checkpoint_task
 
     # The cheap checks first: the checkpoint file, the destination, then ctranslate2.
     name = "checkpoint" if isinstance(checkpoint, dict) else str(checkpoint)
@@ -102,7 +103,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
     # Without the optimizer state of a training checkpoint: it would only take memory.
     model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
     src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)
-    check_exportable(model.cfg, tgt_codec, name)
+    check_exportable(model.cfg, tgt_codec, name, checkpoint_task(ckpt, name, tgt_codec).name)
     check_pipeline_described(src_codec, tgt_codec, name)
 
     spec = ctranslate2_spec(ct2, model, src_codec.dictionary.symbols,
@@ -150,18 +151,19 @@ def import_ctranslate2():
     return ctranslate2
 
 
-def check_exportable(cfg, tgt_codec, name: str = "checkpoint") -> None:
-    """NmtError when CTranslate2 would not translate as nmt does."""
+def check_exportable(cfg, tgt_codec, name: str = "checkpoint", task: str | None = None) -> None:
+    """NmtError when CTranslate2 would not translate as nmt does. ``task``: the checkpoint's
+    (nmt.tasks.task); None: inferred from the target vocabulary."""
     if cfg.head_dim_k != cfg.head_dim_v:
         raise NmtError(f"{name}: cannot export to CTranslate2: its attention has keys of "
                        f"{cfg.head_dim_k} and values of {cfg.head_dim_v} dimensions per head, "
                        f"CTranslate2 needs one size for both")
-    from nmt.search.constraints import is_tree_vocabulary
+    from nmt.tasks.task import get_task, infer_task
 
-    if is_tree_vocabulary(tgt_codec.dictionary):
-        raise NmtError(f"{name}: cannot export to CTranslate2: its target vocabulary is "
-                       f"linearized trees, which nmt decodes under tree constraints that "
-                       f"CTranslate2 cannot apply")
+    if (get_task(task) if task else infer_task(tgt_codec.dictionary)).name == "parsing":
+        raise NmtError(f"{name}: cannot export to CTranslate2: it is a parsing model, whose "
+                       f"outputs nmt decodes under tree constraints that CTranslate2 cannot "
+                       f"apply")
 
 
 def check_pipeline_described(src_codec, tgt_codec, name: str = "checkpoint") -> None:

@@ -302,7 +302,11 @@ def test_models_ctranslate2_cannot_run_as_nmt_are_refused(overrides, message, tm
 def test_a_parsing_model_is_refused(tmp_path):
     trees = whitespace_codec(Dictionary(["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX"]))
     ckpt = random_checkpoint(share=False, tgt_codec=trees)
-    with pytest.raises(NmtError, match="linearized trees"):
+    with pytest.raises(NmtError, match="it is a parsing model"):
+        export_model(ckpt, tmp_path / "ct2")
+    # the task a checkpoint records decides, not its vocabulary
+    ckpt = {**random_checkpoint(), "task": "parsing"}
+    with pytest.raises(NmtError, match="it is a parsing model"):
         export_model(ckpt, tmp_path / "ct2")
 
 

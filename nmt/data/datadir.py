@@ -99,6 +99,9 @@ class DataDir:
                 # Moses rules differ per language, the vocabulary is shared.
                 self.tgt_codec.dictionary = self.src_codec.dictionary
         self.splits: list[str] = sorted(meta["splits"], key=split_sort_key)
+        # What the data is for (nmt.tasks.task); None for a directory written before tasks were
+        # recorded: nmt.tasks.task.data_task infers it from the target vocabulary.
+        self.task: str | None = meta.get("task")
 
     @classmethod
     def open(cls, path: str | Path) -> "DataDir":

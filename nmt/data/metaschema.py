@@ -14,6 +14,7 @@ from typing import Any
 
 from nmt.data.subword import KINDS
 from nmt.errors import NmtError
+from nmt.tasks.task import TASKS
 
 # The id dtypes nmt-preprocess writes (nmt.data.dictionary.Dictionary.dtype).
 DTYPES = ("uint16", "int32")
@@ -91,6 +92,9 @@ class MetaChecker:
         splits = self.typed(meta["splits"], "splits", dict, "an object")
         for name, info in splits.items():
             self.split(name, info)
+        if meta.get("task") is not None and meta["task"] not in TASKS:
+            raise self.error("task", f"must be one of {', '.join(TASKS)}, got "
+                                     f"{_show(meta['task'])}")
 
     def vocab_entry(self, entry: Any, field: str, kind: str) -> None:
         self.typed(entry, field, dict, "an object")

@@ -38,6 +38,7 @@ from nmt.data.rebuild import built_from, difference, existing_build
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
+from nmt.tasks.task import TASKS, infer_task
 from nmt.io import (_decode_line, check_readable, install_directory,
                     temporary_directory_beside)
 from nmt.options import option
@@ -90,6 +91,11 @@ class PreprocessConfig:
                                  "bytes instead of <unk>.")
     moses: bool = option(False, "Moses-tokenize (sacremoses) before subwords; decoding "
                          "detokenizes.")
+    task: str = option(
+        "auto", "What the data is for, recorded in meta.json and in every checkpoint trained "
+        "on it: translation; parsing (targets are linearized trees: decoding under tree "
+        "constraints, bracket-F1 validation); auto: parsing when the target vocabulary is "
+        "one of linearized trees, else translation.", choices=("auto", *TASKS))
     reuse_vocab: str | None = option(
         None, "Reuse both codecs (subword models and dictionaries) of an existing data "
         "directory, so new data is encoded identically (fine-tuning, new test sets).",
@@ -533,6 +539,7 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
         vocab = {cfg.source_lang: write_codec(tmp, cfg.source_lang, src),
                  cfg.target_lang: write_codec(tmp, cfg.target_lang, tgt)}
         meta = _meta(cfg, kind, joined, dtype, vocab, stats, learned, time.time() - t_start)
+        meta["task"] = (infer_task(tgt.dictionary).name if cfg.task == "auto" else cfg.task)
         meta["built_from"] = record
         write_meta(tmp, meta)
         install_directory(tmp, dest, "data directory")

@@ -40,6 +40,9 @@ def built_from(cfg, splits: list[tuple[str, str]]) -> dict[str, Any]:
         if getattr(cfg, key):
             files[key] = _stat(Path(getattr(cfg, key)))
     options = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_OUTPUT}
+    if options.get("task") == "auto":
+        # the default: a directory built before --task existed is the same build
+        del options["task"]
     # JSON round trip, so that the record compares equal to the one read back from meta.json.
     return json.loads(json.dumps({"files": files, "options": options}))
 

@@ -67,7 +67,8 @@ def tree_leaves(dictionary) -> str | None:
     and close brackets of at least MIN_LABELS phrase labels (upper-case letters), besides any
     words; None when it is not a tree vocabulary.
 
-    This is how a parsing checkpoint is recognized: checkpoints record no task, and a parsing
+    Data directories and checkpoints record their task (nmt.tasks.task); this is how the task
+    of one written before tasks were recorded is inferred, once, when it is read: a parsing
     data directory is an ordinary one (nmt-preprocess --subword none) whose target side is
     linearized trees (examples/parsing_wsj/prepare.py).
     """

@@ -32,10 +32,10 @@ import torch
 
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
-from nmt.search.constraints import tree_constraints_for
 from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
+from nmt.tasks.task import Task, checkpoint_task, get_task, infer_task
 
 log = logging.getLogger("nmt.search")
 
@@ -81,20 +81,26 @@ class Translator:
     def __init__(self, models: Sequence[torch.nn.Module], src_codec, tgt_codec, *,
                  search: SearchConfig | None = None, batch: BatchConfig | None = None,
                  device: str | torch.device | None = "cpu",
-                 sampling: SamplingConfig | None = None, tree_constraints: bool | None = None):
+                 sampling: SamplingConfig | None = None, tree_constraints: bool | None = None,
+                 task: Task | str | None = None):
         """``models`` are on ``device`` already, in eval mode. Unset ``search`` fields come from
         the first model's preset (its ``cfg``; the paper's defaults for a model without one).
         ``sampling``: draw ``search.nbest`` samples per sentence instead of beam search.
-        ``tree_constraints``: well-formed linearized trees by construction (nmt.search.
-        constraints); None: on exactly when the target vocabulary is a tree vocabulary."""
+        ``task`` (nmt.tasks.task; a name or a Task): what the model is for, which gives the
+        decoding constraints; None: inferred from the target vocabulary (a checkpoint records
+        it: from_checkpoint passes it). ``tree_constraints``: well-formed linearized trees by
+        construction (nmt.search.constraints) forced on or off; None: the task's default (on
+        for parsing)."""
         self.ensemble = EnsembleModel(models)
         self.search = (search or SearchConfig()).resolve(getattr(models[0], "cfg", None))
         self.batch = batch or BatchConfig()
         self.batch_size, self.max_tokens = self.batch.sentences, self.batch.max_tokens
         self.device = resolve_device("cpu" if device is None else device)
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
-        self.constraints = tree_constraints_for(tgt_codec.dictionary, tree_constraints,
-                                                src_codec.dictionary)
+        self.task = (get_task(task) if isinstance(task, str)
+                     else task or infer_task(tgt_codec.dictionary))
+        self.constraints = self.task.constraints(tgt_codec.dictionary, src_codec.dictionary,
+                                                 tree_constraints)
         self.sampling = sampling
         limit = self.ensemble.max_positions
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
@@ -130,7 +136,7 @@ class Translator:
             device = "cpu"
         dev = resolve_device(device)
         dtype = check_precision(precision, dev)
-        models, codecs, cfg = [], None, None
+        models, codecs, cfg, task = [], None, None, None
         names = [p if not isinstance(p, dict) else f"checkpoint {i + 1}"
                  for i, p in enumerate(paths)]
         for p, name in zip(paths, names):
@@ -138,6 +144,7 @@ class Translator:
             src, tgt = codecs_from_checkpoint(ckpt, str(name))
             if codecs is None:
                 codecs, cfg = (src, tgt), model_config(ckpt)
+                task = checkpoint_task(ckpt, str(name), tgt)
             elif not (src.same_as(codecs[0]) and tgt.same_as(codecs[1])):
                 raise UsageError(f"{name}: cannot ensemble checkpoints with different "
                                  f"vocabularies or subword models (compare with {names[0]})")
@@ -148,7 +155,8 @@ class Translator:
                 model = quantize_int8(model)
             models.append(model)
         return cls(models, codecs[0], codecs[1], search=(search or SearchConfig()).resolve(cfg),
-                   batch=batch, device=dev, sampling=sampling, tree_constraints=tree_constraints)
+                   batch=batch, device=dev, sampling=sampling, tree_constraints=tree_constraints,
+                   task=task)
 
     # --- translation ------------------------------------------------------------------------
     @overload

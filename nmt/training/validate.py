@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from nmt.data.batching import BOS, TokenBatchSampler, collate
-from nmt.errors import NmtError
+from nmt.data.references import References, split_file
 from nmt.search.config import SearchConfig
+from nmt.tasks.task import data_task
 from nmt.training.distributed import DistInfo, all_reduce_sum
 
 log = logging.getLogger("nmt.train")
@@ -49,50 +47,18 @@ def validation_loss(trainer, dataset, sampler: TokenBatchSampler,
             "ppl": math.exp(min(mean_nll, 700.0)), "ntokens": int(ntok_v)}
 
 
-@dataclass
-class References:
-    """What decoded validation output is scored against."""
-
-    lines: list[str]
-    origin: str                  # the file, or "decoded references"
-    sources: list[str] | None = None   # source words (bracket F1 de-linearizes over them)
-
-
-def _split_file(data, split: str, suffix: str) -> Path | None:
-    """The raw file ``<prefix>.<suffix>`` that ``split`` was binarized from, if it exists."""
-    info_of = getattr(data, "split_info", None)
-    if info_of is None:
-        return None
-    info = info_of(split)
-    prefix = info.get("source_path") or info.get("source_prefix")
-    if not prefix:
-        return None
-    candidates = [Path(f"{prefix}.{suffix}")]
-    base = getattr(data, "path", None)
-    if base is not None and not os.path.isabs(prefix):
-        candidates.append(Path(base).parent / f"{prefix}.{suffix}")
-    return next((p for p in candidates if p.is_file()), None)
-
-
 def load_references(data, split: str, dataset, metrics: Sequence[str]) -> References:
-    """Raw references of ``split`` (gold trees for bracket-f1), checked against its size."""
+    """What ``metrics`` score ``split`` against: the task's own references (parsing's gold
+    trees for bracket-f1), else the raw target file, checked against the split's size."""
     from nmt.io import read_lines
 
     n = len(dataset)
-    if "bracket-f1" in metrics:
-        gold = _split_file(data, split, "gold")
-        if gold is None:
-            raise NmtError(f"--best-checkpoint-metric bracket-f1 needs the gold trees of the "
-                           f"'{split}' split (<prefix>.gold beside the files it was made from, "
-                           f"as examples/parsing_wsj/prepare.py writes them)")
-        lines = read_lines(gold)
-        _check_count(lines, n, gold)
-        # The trees are built over the gold trees' own words: decoding the binarized source
-        # would give <unk> for unknown words (and a signature source, prepare.py --signatures,
-        # its signatures), which EVALB rejects as words that differ from the gold's.
-        words = [" ".join(_tree_words(line, f"{gold}:{i + 1}")) for i, line in enumerate(lines)]
-        return References(lines, str(gold), words)
-    raw = _split_file(data, split, data.tgt_lang)
+    task = data_task(data)
+    for metric in metrics:
+        refs = task.references(metric, data, split, n)
+        if refs is not None:
+            return refs
+    raw = split_file(data, split, data.tgt_lang)
     if raw is not None:
         lines = read_lines(raw)
         if len(lines) == n:
@@ -101,21 +67,6 @@ def load_references(data, split: str, dataset, metrics: Sequence[str]) -> Refere
                     "decoded references", raw, len(lines), split, n)
     decoded = [data.tgt_codec.decode(dataset.tgt(i).tolist()) for i in range(n)]
     return References(decoded, "decoded references")
-
-
-def _tree_words(line: str, name: str) -> list[str]:
-    from nmt.tasks.trees import read_trees_text
-
-    trees = read_trees_text(line, name)
-    if len(trees) != 1:
-        raise NmtError(f"{name}: expected one tree, found {len(trees)}")
-    return trees[0].words()
-
-
-def _check_count(lines: Sequence[str], n: int, path: Path) -> None:
-    if len(lines) != n:
-        raise NmtError(f"{path} has {len(lines)} lines but the validation split has {n} "
-                       f"sentences")
 
 
 class DecodingStopped(Exception):
@@ -163,23 +114,15 @@ def decoding_scores(model, data, dataset, refs: References, search: SearchConfig
         log.warning("validation decoding stopped by a signal: no %s this time", "/".join(metrics))
         return {"decoding_stopped": True}
     out: dict[str, Any] = {}
+    task = data_task(data)
     for metric in metrics:
-        if metric == "bracket-f1":
-            from nmt.tasks.parsing import delinearize
-            from nmt.tasks.trees import to_string
-
-            from nmt.search.constraints import tree_leaves
-
-            leaves = tree_leaves(data.tgt_codec.dictionary) or "xx"
-            trees = [to_string(delinearize(h, (refs.sources or [""])[i].split(), leaves=leaves))
-                     for i, h in enumerate(hyps)]
-            score = corpus_score(metric, trees, [refs.lines], ScoreOptions())
-            out["bracket_f1"] = round(score.score, 2)
+        scored = task.hypotheses(metric, hyps, refs, data.tgt_codec.dictionary)
+        score = corpus_score(metric, scored, [refs.lines], ScoreOptions())
+        key = metric.replace("-", "_")
+        out[key] = round(score.score, 2)
+        if "all" in score.details:
             # EVALB skips sentences it cannot score: say how many it did score.
-            out["bracket_f1_sentences"] = score.details["all"]["valid_sentences"]
-        else:
-            score = corpus_score(metric, hyps, [refs.lines], ScoreOptions())
-            out[metric] = round(score.score, 2)
+            out[f"{key}_sentences"] = score.details["all"]["valid_sentences"]
     out["decoded_sentences"] = len(hyps)
     return out
 
