@@ -161,12 +161,14 @@ def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
 def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torch.Tensor],
                     share_all_embeddings: bool, src_codec, tgt_codec, src_lang: str = "src",
                     tgt_lang: str = "tgt", data_dir: str | None = None,
-                    task: str = "translation",
+                    task: str | None = None,
                     training: Mapping[str, Any] | None = None) -> dict:
     """The checkpoint dictionary of a model and its codecs (the one place that spells out the
     format). ``src_codec``/``tgt_codec`` are TextCodec objects or their ``to_state()``;
-    ``task`` is what the model is for (nmt.tasks.task.TASKS); ``training`` adds the training keys (train_config, optimizer, scheduler, scaler, rng,
-    progress) to make a resumable training checkpoint."""
+    ``task`` is what the model is for (nmt.tasks.task.TASKS; None: inferred from the target
+    vocabulary, as for files written before tasks were recorded); ``training`` adds the
+    training keys (train_config, optimizer, scheduler, scaler, rng, progress) to make a
+    resumable training checkpoint."""
     from nmt.version import __version__
 
     def state(codec) -> dict:
@@ -183,7 +185,7 @@ def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torc
         "src_lang": src_lang,
         "tgt_lang": tgt_lang,
         "data_dir": None if data_dir is None else str(data_dir),
-        "task": task,
+        "task": task or _inferred_task(tgt_codec),
         "src_codec": src_state,
         "tgt_codec": tgt_state,
         "model": dict(model_state),
@@ -194,6 +196,27 @@ def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torc
             raise ValueError(f"not training keys: {', '.join(sorted(unknown))}")
         ckpt.update(training)
     return ckpt
+
+
+def checkpoint_task(ckpt: Mapping[str, Any], name: str = "checkpoint", tgt_codec=None):
+    """The nmt.tasks.task.Task a checkpoint records, or the one inferred from its target
+    vocabulary (checkpoints written before tasks were recorded)."""
+    from nmt.tasks.task import recorded_task
+
+    if ckpt.get("task") is None and tgt_codec is None:
+        tgt_codec = codecs_from_checkpoint(ckpt, name)[1]
+    return recorded_task(ckpt.get("task"), name,
+                         tgt_codec.dictionary if tgt_codec is not None else None)
+
+
+def _inferred_task(codec) -> str:
+    from nmt.tasks.task import infer_task
+
+    if isinstance(codec, Mapping):
+        from nmt.data.codec import TextCodec  # late: needs sentencepiece etc.
+
+        codec = TextCodec.from_state(codec)
+    return infer_task(codec.dictionary).name
 
 
 def _codec_size(codec) -> int:

@@ -81,9 +81,8 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
     if quantization not in QUANTIZATIONS:
         raise UsageError(f"unknown quantization '{quantization}'; expected one of "
                          f"{', '.join(QUANTIZATIONS)}")
-    from nmt.checkpoint import (codecs_from_checkpoint, inference_checkpoint, load_checkpoint,
-                                load_model_from_checkpoint)
-    from nmt.tasks.task import checkpoint_task
+    from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint, inference_checkpoint,
+                                load_checkpoint, load_model_from_checkpoint)
 
     # The cheap checks first: the checkpoint file, the destination, then ctranslate2.
     name = "checkpoint" if isinstance(checkpoint, dict) else str(checkpoint)

@@ -35,7 +35,7 @@ from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
 from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
-from nmt.tasks.task import Task, checkpoint_task, get_task, infer_task
+from nmt.tasks.task import Task, get_task, infer_task
 
 log = logging.getLogger("nmt.search")
 
@@ -126,7 +126,8 @@ class Translator:
         which device auto/None then means. ``sampling`` and ``tree_constraints``: as for the
         constructor.
         """
-        from nmt.checkpoint import codecs_from_checkpoint, load_model_from_checkpoint, model_config
+        from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint,
+                                    load_model_from_checkpoint, model_config)
 
         if isinstance(paths, (str, os.PathLike, dict)):
             paths = [paths]

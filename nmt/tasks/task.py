@@ -1,7 +1,7 @@
 """The task a model was trained for, recorded in its data directory and checkpoint, and what the
 task supplies: its decoding constraints and how its validation is scored.
 
-    task = checkpoint_task(ckpt)                 # recorded; inferred once for old checkpoints
+    task = nmt.checkpoint.checkpoint_task(ckpt)  # recorded; inferred once for old checkpoints
     task.constraints(tgt_dictionary, src_dictionary, enabled=None)
     task.references(metric, data, split, n)      # None: the raw target file, as for any task
     task.hypotheses(metric, hyps, refs, tgt_dictionary)
@@ -133,16 +133,6 @@ def recorded_task(value: Any, what: str, tgt_dictionary) -> Task:
     return _TASKS[value]
 
 
-def checkpoint_task(ckpt: Mapping[str, Any], name: str = "checkpoint", tgt_codec=None) -> Task:
-    """The task a checkpoint records, or the one inferred from its target vocabulary."""
-    if ckpt.get("task") is None and tgt_codec is None:
-        from nmt.checkpoint import codecs_from_checkpoint
-
-        tgt_codec = codecs_from_checkpoint(ckpt, name)[1]
-    return recorded_task(ckpt.get("task"), name,
-                         tgt_codec.dictionary if tgt_codec is not None else None)
-
-
 def data_task(data) -> Task:
     """The task of a data directory (nmt.data.datadir.DataDir.task), or inferred."""
     where = str(Path(getattr(data, "path", "data directory")))
@@ -150,4 +140,4 @@ def data_task(data) -> Task:
 
 
 __all__ = ["Task", "ParsingTask", "TASKS", "get_task", "infer_task", "recorded_task",
-           "checkpoint_task", "data_task"]
+           "data_task"]
