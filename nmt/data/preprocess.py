@@ -539,7 +539,11 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
         vocab = {cfg.source_lang: write_codec(tmp, cfg.source_lang, src),
                  cfg.target_lang: write_codec(tmp, cfg.target_lang, tgt)}
         meta = _meta(cfg, kind, joined, dtype, vocab, stats, learned, time.time() - t_start)
-        meta["task"] = (infer_task(tgt.dictionary).name if cfg.task == "auto" else cfg.task)
+        meta["task"] = infer_task(tgt.dictionary).name if cfg.task == "auto" else cfg.task
+        if meta["task"] == "parsing" and infer_task(tgt.dictionary).name != "parsing":
+            raise NmtError(f"--task parsing needs targets that are linearized trees, but the "
+                           f"{cfg.target_lang} vocabulary is not one of brackets (see "
+                           f"examples/parsing_wsj/prepare.py)")
         meta["built_from"] = record
         write_meta(tmp, meta)
         install_directory(tmp, dest, "data directory")

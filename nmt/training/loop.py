@@ -37,6 +37,7 @@ from nmt.training.policy import Decision, Policy
 from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
 from nmt.training.signals import SignalCatcher, TrainingInterrupted
+from nmt.tasks.task import data_task
 from nmt.training.trainer import StepStats, Trainer, get_rng_state, set_rng_state
 from nmt.training import init_from, resume
 from nmt.training import validate as V
@@ -221,7 +222,8 @@ class Run(EndOfRun):
             model_config=self.model_cfg, model_state=self.model.state_dict(),
             share_all_embeddings=self.share, src_codec=self.data.src_codec,
             tgt_codec=self.data.tgt_codec, src_lang=self.data.src_lang,
-            tgt_lang=self.data.tgt_lang, data_dir=str(self.data_dir), training=training)
+            tgt_lang=self.data.tgt_lang, data_dir=str(self.data_dir),
+            task=data_task(self.data).name, training=training)
 
     def save(self, valid: dict[str, Any] | None, is_best: bool = False) -> Path | None:
         # Every rank's RNG, so that a resumed multi-rank run draws the same dropout masks.
