@@ -110,11 +110,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
 
     for step in range(n_steps):
         n = sent.numel()
-        if step == 0:
-            probs, state = model.step(tokens[::k, :1], state)         # [N, V]
-            probs, state = probs.repeat_interleave(k, dim=0), state.expand(k)
-        else:
-            probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
+        probs, state = _decoder_step(model, tokens, state, step, k)    # [N*K, V]
         vocab = probs.size(1)
         _restrict(probs, step, max_len, k, cstate)
 
@@ -126,10 +122,10 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
             _collect_finished(finished, fin, sent, c_scores, c_beams, c_lprobs, tokens,
                               tok_scores, step, k, alpha, n_fin, kth_best, cfg.nbest)
 
-        new_beams = c_beams.gather(1, pos)                            # [N, K]
-        new_tokens = c_tokens.gather(1, pos)
-        new_lprobs = c_lprobs.gather(1, pos)
-        new_scores = c_scores.gather(1, pos).masked_fill(~alive, NEG_INF)
+        # The next beam: [N, K] each.
+        new_beams, new_tokens, new_lprobs, new_scores = (
+            c.gather(1, pos) for c in (c_beams, c_tokens, c_lprobs, c_scores))
+        new_scores = new_scores.masked_fill(~alive, NEG_INF)
 
         # Done: enough finished, or none of the live ones can win any more, or none is live.
         bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha)   # [N]
@@ -139,13 +135,11 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
             if bool(done.all()):
                 break
             keep = (~done).nonzero().squeeze(1)                        # [N']
-            rows, new_beams = rows[keep], new_beams[keep]
-            new_tokens, new_lprobs = new_tokens[keep], new_lprobs[keep]
-            new_scores = new_scores[keep]
-            sent, max_len, n_fin, kth_best = sent[keep], max_len[keep], n_fin[keep], kth_best[keep]
+            (rows, new_beams, new_tokens, new_lprobs, new_scores, sent, max_len, n_fin,
+             kth_best) = (t[keep] for t in (rows, new_beams, new_tokens, new_lprobs,
+                                            new_scores, sent, max_len, n_fin, kth_best))
             state = state.select_sentences(keep)
-            n = keep.numel()
-            local = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams
+            local = (torch.arange(keep.numel(), device=device) * k).unsqueeze(1) + new_beams
         else:
             local = rows
         state = state.reorder(local.reshape(-1))
@@ -159,6 +153,15 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
             cstate = cstate.advance(flat, tokens[:, step + 1])
 
     return _best_hypotheses(finished, cfg.nbest)
+
+
+def _decoder_step(model, tokens: Tensor, state, step: int, k: int):
+    """(probs [N*K, V], state) of the next token of every row; the first step decodes one row
+    per sentence (its beams all start from the same prefix) and gives each sentence k rows."""
+    if step == 0:
+        probs, state = model.step(tokens[::k, :1], state)             # [N, V]
+        return probs.repeat_interleave(k, dim=0), state.expand(k)
+    return model.step(tokens[:, step:step + 1], state)
 
 
 def _best_hypotheses(finished, nbest: int) -> list[list[Hypothesis]]:
