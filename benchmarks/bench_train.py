@@ -7,6 +7,8 @@
     python benchmarks/bench_train.py DATA_DIR --write BENCHMARKS.md
     python benchmarks/bench_train.py DATA_DIR --warm-updates 5 --updates 30 --json r.json
     python benchmarks/bench_train.py DATA_DIR --device cuda --precision bf16 --warm-updates 20
+    python benchmarks/bench_train.py DATA_DIR --warm-updates 0 --updates 40 --save-interval-updates 10 \
+        --average-last 2 --valid-bleu        # the whole run: saves, validations, its end
 
 With --warm-updates K the script times only --updates updates that follow K untimed ones, calling
 the trainer directly (no validation, no checkpoint inside the timed window): the steady-state
@@ -239,6 +241,10 @@ def main() -> None:
                     help="training precision (bf16/fp16 need CUDA); also the matmul rate's")
     ap.add_argument("--dropout-masks", default="torch", choices=["torch", "fast"],
                     help="as nmt-train --dropout-masks")
+    ap.add_argument("--save-interval-updates", type=int, default=0,
+                    help="as nmt-train (with --warm-updates 0: checkpoints, validations)")
+    ap.add_argument("--average-last", type=int, default=0, help="as nmt-train (the end of a run)")
+    ap.add_argument("--valid-bleu", action="store_true", help="as nmt-train")
     ap.add_argument("--json", metavar="FILE", help="also write the result here")
     ap.add_argument("--save-dir", default=None, help="keep checkpoints here (default: temp)")
     ap.add_argument("--quick", action="store_true", help="tiny synthetic run, for tests")
@@ -278,10 +284,14 @@ def main() -> None:
         total = args.warm_updates + args.updates
         # (--dropout-masks only when given: bench_versions.py runs versions without it)
         masks = {} if args.dropout_masks == "torch" else {"dropout_masks": args.dropout_masks}
+        # (likewise the options of the run's saves and end, only when given)
+        ends = {k: v for k, v in (("save_interval_updates", args.save_interval_updates),
+                                  ("average_last", args.average_last),
+                                  ("valid_bleu", args.valid_bleu)) if v}
         cfg = TrainConfig(arch=args.arch, max_tokens=args.max_tokens, max_update=total,
                           warmup=args.warmup, save_dir=args.save_dir or tmp, resume=False,
                           device=args.device, precision=args.precision,
-                          log_interval=max(1, total // 10), **masks)
+                          log_interval=max(1, total // 10), **masks, **ends)
         run = Run(cfg, data, data_dir)
         if args.warm_updates:
             seconds, flops, ntok = timed_updates(run, args.warm_updates, args.updates)

@@ -11,7 +11,8 @@ The format (docs/DESIGN.md, "Checkpoint") is a plain dict of python types and te
     # training checkpoints only:
     train_config, optimizer, scheduler, scaler, rng, progress
 
-``nmt-generate`` needs only the first group; the second lets ``nmt-train`` resume exactly.
+``nmt-generate`` needs only the first group; the second lets ``nmt-train`` resume exactly
+(that half is built, checked and restored in one place: ``nmt.training.resume``).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ import logging
 import math
 import os
 import shutil
+import string
 from pathlib import Path
 from typing import Any
 
@@ -209,23 +210,8 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
     decoder = specs.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, pre_norm=cfg.pre_norm,
                                            activation=activation, **extra)
     spec = specs.TransformerSpec(encoder, decoder)
-
-    copies: dict[int, Any] = {}
-
-    def arr(t: torch.Tensor):
-        # One float32 copy per tensor: a shared embedding is one array, which CTranslate2
-        # stores once; a copy, because quantizing works on the arrays in place.
-        if id(t) not in copies:
-            copies[id(t)] = t.detach().to("cpu", torch.float32).contiguous().numpy().copy()
-        return copies[id(t)]
-
-    def linear(s, layer) -> None:
-        s.weight = arr(layer.weight)
-        s.bias = arr(layer.bias)
-
-    def norm(s, layer) -> None:
-        s.gamma = arr(layer.weight)
-        s.beta = arr(layer.bias)
+    arr = _Arrays()
+    linear, norm = arr.linear, arr.norm
 
     if cfg.positional == "learned":
         # CTranslate2 reads row p for position p: the rows before position_offset are unused.
@@ -240,16 +226,8 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
     encoder.position_encodings.encodings = src_pos
     if cfg.layernorm_embedding:
         norm(encoder.layernorm_embedding, model.src_embed_norm)
-    def self_attention_and_ffn(s, layer, ffn_norm) -> None:
-        linear(s.self_attention.linear[0], layer.self_attn.in_proj)      # [q; k; v]
-        linear(s.self_attention.linear[1], layer.self_attn.out_proj)
-        norm(s.self_attention.layer_norm, layer.res1.norm)
-        linear(s.ffn.linear_0, layer.ffn.fc1)
-        linear(s.ffn.linear_1, layer.ffn.fc2)
-        norm(s.ffn.layer_norm, ffn_norm)
-
     for s, layer in zip(encoder.layer, model.encoder_layers):
-        self_attention_and_ffn(s, layer, layer.res2.norm)
+        arr.self_attention_and_ffn(s, layer, layer.res2.norm)
     if cfg.pre_norm:
         norm(encoder.layer_norm, model.encoder_norm)
 
@@ -259,7 +237,7 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
     if cfg.layernorm_embedding:
         norm(decoder.layernorm_embedding, model.tgt_embed_norm)
     for s, layer in zip(decoder.layer, model.decoder_layers):
-        self_attention_and_ffn(s, layer, layer.res3.norm)
+        arr.self_attention_and_ffn(s, layer, layer.res3.norm)
         linear(s.attention.linear[0], layer.cross_attn.q_proj)
         linear(s.attention.linear[1], layer.cross_attn.kv_proj)           # [k; v]
         linear(s.attention.linear[2], layer.cross_attn.out_proj)
@@ -282,6 +260,39 @@ def ctranslate2_spec(ct2, model, src_symbols: list[str], tgt_symbols: list[str])
     spec.register_source_vocabulary(list(src_symbols))
     spec.register_target_vocabulary(list(tgt_symbols))
     return spec
+
+
+class _Arrays:
+    """The float32 numpy arrays of a model's tensors that a CTranslate2 spec holds, and the
+    copying of nmt's layers into the spec's."""
+
+    def __init__(self):
+        self._copies: dict[int, Any] = {}
+
+    def __call__(self, t):
+        import torch
+
+        # One float32 copy per tensor: a shared embedding is one array, which CTranslate2
+        # stores once; a copy, because quantizing works on the arrays in place.
+        if id(t) not in self._copies:
+            self._copies[id(t)] = t.detach().to("cpu", torch.float32).contiguous().numpy().copy()
+        return self._copies[id(t)]
+
+    def linear(self, s, layer) -> None:
+        s.weight = self(layer.weight)
+        s.bias = self(layer.bias)
+
+    def norm(self, s, layer) -> None:
+        s.gamma = self(layer.weight)
+        s.beta = self(layer.bias)
+
+    def self_attention_and_ffn(self, s, layer, ffn_norm) -> None:
+        self.linear(s.self_attention.linear[0], layer.self_attn.in_proj)      # [q; k; v]
+        self.linear(s.self_attention.linear[1], layer.self_attn.out_proj)
+        self.norm(s.self_attention.layer_norm, layer.res1.norm)
+        self.linear(s.ffn.linear_0, layer.ffn.fc1)
+        self.linear(s.ffn.linear_1, layer.ffn.fc2)
+        self.norm(s.ffn.layer_norm, ffn_norm)
 
 
 def export_info(ckpt: dict, model, src_codec, tgt_codec, quantization: str, ct2_version: str,
@@ -334,23 +345,49 @@ def _check_destination(out: str | os.PathLike, force: bool,
     return dest
 
 
-# --- README.txt ------------------------------------------------------------------------------
-
-# Measured with this exporter on a Multi30k En-De transformer_small (BPE 8k, 1,000 test
-# sentences, beam 4, alpha 0.6, CTranslate2 4.8.5 on a CPU); see README.txt.
-MEASURED = {"sentences": 1000, "greedy": 1000, "rescored": 999, "lenpen_alpha": 967,
-            "lenpen_default": 895, "int8_greedy": 942}
+# --- README.txt and translate.py: templates in nmt/resources/export ---------------------------
 
 SNIPPET_BEGIN = "# --- translate.py ---"
 SNIPPET_END = "# --- end of translate.py ---"
+TEMPLATES = Path(__file__).resolve().parent / "resources" / "export"
+
+
+def _template(name: str, **values: Any) -> str:
+    """The template file ``name`` with its ``$names`` replaced by ``values``."""
+    text = (TEMPLATES / name).read_text(encoding="utf-8")
+    return string.Template(text).substitute({k: str(v) for k, v in values.items()})
+
+
+# translate.py's rescoring of CTranslate2's n-best list: nmt's GNMT penalty, or |Y|^alpha (the
+# fairseq and hf formulas; |Y| counts the </s>).
+SNIPPET_SCORES = {
+    True: "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA  "
+          "# nmt's: log P / ((5 + |Y|) / 6)^alpha, |Y| with </s>",
+    False: "    return log_prob / (len(pieces) + 1) ** ALPHA  "
+           "# this model's: log P / |Y|^alpha, |Y| with </s>"}
 
 
 def python_snippet(info: dict) -> str:
     """translate.py: a Python program, in the exported directory, whose ``translate(lines)``
     does what nmt-generate does with the exported model (and ``python translate.py < in``
     translates stdin)."""
-    src, tgt, dec = info["source"], info["target"], info["decoding"]
-    imports = ["import math", "import os", "", "import ctranslate2"]
+    dec = info["decoding"]
+    imports, setup, to_pieces, from_pieces = _snippet_pipeline(info["source"], info["target"])
+    text = _template("translate.py.tmpl", snippet_begin=SNIPPET_BEGIN, snippet_end=SNIPPET_END,
+                     extra_imports="".join("\n" + line for line in imports),
+                     beam=dec["beam"], alpha=repr(dec["lenpen"]),
+                     max_len_a=repr(dec["max_len_a"]), max_len_b=dec["max_len_b"],
+                     max_source_len=dec["max_source_len"], max_output_len=dec["max_output_len"],
+                     setup="\n".join(setup), to_pieces="\n".join(to_pieces),
+                     from_pieces="\n".join(from_pieces),
+                     score=SNIPPET_SCORES[dec.get("lenpen_formula", "gnmt") == "gnmt"])
+    return text[:-1] if text.endswith("\n") else text       # the README places it in its text
+
+
+def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
+    """translate.py's text pipeline as lines of code: (imports beyond ctranslate2's, set-up,
+    the body of to_pieces(line), the body of from_pieces(pieces))."""
+    imports: list[str] = []
     setup: list[str] = []
     to_pieces: list[str] = []
     from_pieces: list[str] = []
@@ -397,79 +434,14 @@ def python_snippet(info: dict) -> str:
         from_pieces.append("    return tgt_moses.detokenize(text.split(), unescape=False)")
     else:
         from_pieces.append("    return text")
-
-    beam, alpha = dec["beam"], dec["lenpen"]
-    a, b = dec["max_len_a"], dec["max_len_b"]
-    if dec.get("lenpen_formula", "gnmt") == "gnmt":
-        score = ["def gnmt_score(hypothesis):        # nmt's: log P / ((5 + |Y|) / 6)^alpha, "
-                 "|Y| with </s>",
-                 "    pieces, log_prob = hypothesis",
-                 "    return log_prob / ((5 + len(pieces) + 1) / 6) ** ALPHA"]
-    else:
-        score = ["def gnmt_score(hypothesis):        # this model's: log P / |Y|^alpha, |Y| with "
-                 "</s>",
-                 "    pieces, log_prob = hypothesis",
-                 "    return log_prob / (len(pieces) + 1) ** ALPHA"]
-    return "\n".join([
-        SNIPPET_BEGIN,
-        *imports,
-        "",
-        "MODEL_DIR = os.path.dirname(os.path.abspath(__file__))  # the exported directory",
-        f"BEAM, ALPHA = {beam}, {alpha!r}  # nmt: beam size, GNMT length penalty alpha",
-        f"MAX_LEN_A, MAX_LEN_B = {a!r}, {b}  # at most floor(a * source pieces + b) output pieces",
-        f"MAX_SOURCE, MAX_OUTPUT = {dec['max_source_len']}, {dec['max_output_len']}"
-        f"  # longest source, longest output (pieces)",
-        "",
-        'translator = ctranslate2.Translator(MODEL_DIR, device="cpu")   # "cuda" on a GPU',
-        *setup,
-        "",
-        "",
-        "def to_pieces(line):",
-        *to_pieces,
-        "",
-        "",
-        "def from_pieces(pieces):",
-        *from_pieces,
-        "",
-        "",
-        *score,
-        "",
-        "",
-        "def translate(lines, beam=BEAM):",
-        "    pieces = [to_pieces(line)[:MAX_SOURCE] for line in lines]",
-        '    out = [""] * len(lines)          # no pieces: an empty translation, as nmt',
-        "    by_limit = {}                    # max_decoding_length is one number per call",
-        "    for i, p in enumerate(pieces):",
-        "        limit = min(math.floor(MAX_LEN_A * len(p) + MAX_LEN_B), MAX_OUTPUT)",
-        "        if p and limit > 0:",
-        "            by_limit.setdefault(limit, []).append(i)",
-        "    for limit, rows in by_limit.items():",
-        "        results = translator.translate_batch(",
-        "            [pieces[i] for i in rows], beam_size=beam, num_hypotheses=beam,",
-        "            length_penalty=1e-9 if beam > 1 else 0.0, return_scores=True,",
-        "            min_decoding_length=0, max_decoding_length=limit, max_input_length=0)",
-        "        for i, r in zip(rows, results):",
-        "            out[i] = from_pieces(max(zip(r.hypotheses, r.scores), key=gnmt_score)[0])",
-        "    return out",
-        "",
-        "",
-        'if __name__ == "__main__":          # python translate.py < input > output (UTF-8)',
-        "    import sys",
-        "",
-        '    lines = sys.stdin.buffer.read().decode("utf-8").split("\\n")',
-        '    if lines[-1] == "":              # after the last line\'s newline',
-        "        lines.pop()",
-        '    lines = [line[:-1] if line.endswith("\\r") else line for line in lines]',
-        '    sys.stdout.buffer.write("".join(t + "\\n" for t in translate(lines)).encode("utf-8"))',
-        SNIPPET_END,
-    ])
+    return imports, setup, to_pieces, from_pieces
 
 
 def readme(info: dict) -> str:
-    """README.txt of an exported model directory: tokenize, translate, detokenize."""
+    """README.txt of an exported model directory: tokenize, translate, detokenize. Its
+    measured figures (how often CTranslate2 gives nmt's translation) are not the exporter's to
+    know: the text points to BENCHMARKS.md."""
     src, tgt, dec = info["source"], info["target"], info["decoding"]
-    n, greedy, rescored, lp_alpha, lp_one, int8 = (f"{MEASURED[k]:,}" for k in (
-        "sentences", "greedy", "rescored", "lenpen_alpha", "lenpen_default", "int8_greedy"))
     pkgs = ['"ctranslate2>=4,<5"']
     kinds = {src["subword"], tgt["subword"]}
     if "bpe" in kinds:
@@ -478,11 +450,25 @@ def readme(info: dict) -> str:
         pkgs.append("tokenizers")
     if src["moses_lang"] or tgt["moses_lang"]:
         pkgs.append("sacremoses")
+    return _template("README.txt.tmpl", nmt_version=info["nmt_version"],
+                     checkpoint=info["checkpoint"] or "a checkpoint", arch=info["arch"],
+                     src_lang=info["src_lang"], tgt_lang=info["tgt_lang"],
+                     quantization=info["quantization"],
+                     ctranslate2_version=info["ctranslate2_version"], packages=" ".join(pkgs),
+                     files=_readme_files(info), tokenize=_readme_tokenize(src),
+                     max_source_len=dec["max_source_len"], detokenize=_readme_detokenize(tgt),
+                     snippet=python_snippet(info), settings=_readme_settings(info),
+                     lenpen=dec["lenpen"])
+
+
+def _readme_files(info: dict) -> str:
+    """The FILES list of README.txt."""
     vocab = ("shared_vocabulary.json      " if info["joined_vocabulary"] else
              "source_vocabulary.json,\n  target_vocabulary.json      ")
-    files = [f"  model.bin, config.json      the weights and settings, CTranslate2's format",
+    files = ["  model.bin, config.json      the weights and settings, CTranslate2's format",
              f"  {vocab}nmt's dictionaries, id for id (<pad> <s> </s> <unk> are 0-3)"]
-    for side, s in (("source", src), ("target", tgt)):
+    for side in ("source", "target"):
+        s = info[side]
         if s["subword_file"]:
             what = ("sentencepiece model" if s["subword"] == "bpe"
                     else "wordpiece tokenizer (HuggingFace tokenizers)")
@@ -490,27 +476,36 @@ def readme(info: dict) -> str:
     files += ["  translate.py                translates as nmt-generate does (below)",
               "  nmt_export.json             what was exported, nmt's decoding settings",
               "  README.txt                  this file"]
+    return "\n".join(files)
 
-    def step_tok(s, side):
-        moses = (f"Moses-tokenize ({s['moses_lang']}; sacremoses, escape=False, no aggressive "
-                 f"dash splits),\n     then " if s["moses_lang"] else "")
-        if s["subword"] == "bpe":
-            return f"{moses}split into pieces with {s['subword_file']} (sentencepiece)"
-        if s["subword"] == "wordpiece":
-            return f"{moses}split into pieces with {s['subword_file']} (tokenizers)"
-        return f"{moses}split at whitespace (the model has no subwords)"
 
-    def step_detok(s):
-        if s["subword"] == "bpe":
-            out = f"join the output pieces with {s['subword_file']} (sentencepiece decode)"
-        elif s["subword"] == "wordpiece":
-            out = "join the output pieces: '##' pieces glue onto the previous one"
-        else:
-            out = "join the output tokens with spaces"
-        if s["moses_lang"]:
-            out += f",\n     then Moses-detokenize ({s['moses_lang']})"
-        return out
+def _readme_tokenize(s: dict) -> str:
+    """Step 1 of README.txt: how a source line becomes pieces."""
+    moses = (f"Moses-tokenize ({s['moses_lang']}; sacremoses, escape=False, no aggressive "
+             f"dash splits),\n     then " if s["moses_lang"] else "")
+    if s["subword"] == "bpe":
+        return f"{moses}split into pieces with {s['subword_file']} (sentencepiece)"
+    if s["subword"] == "wordpiece":
+        return f"{moses}split into pieces with {s['subword_file']} (tokenizers)"
+    return f"{moses}split at whitespace (the model has no subwords)"
 
+
+def _readme_detokenize(s: dict) -> str:
+    """Step 3 of README.txt: how output pieces become a line."""
+    if s["subword"] == "bpe":
+        out = f"join the output pieces with {s['subword_file']} (sentencepiece decode)"
+    elif s["subword"] == "wordpiece":
+        out = "join the output pieces: '##' pieces glue onto the previous one"
+    else:
+        out = "join the output tokens with spaces"
+    if s["moses_lang"]:
+        out += f",\n     then Moses-detokenize ({s['moses_lang']})"
+    return out
+
+
+def _readme_settings(info: dict) -> str:
+    """The table of nmt's decoding settings and CTranslate2's options that give them."""
+    dec = info["decoding"]
     a, b = dec["max_len_a"], dec["max_len_b"]
     limit = f"floor({a:g} * source pieces + {b})"
     learned = info["positions"]["kind"] == "learned"
@@ -535,74 +530,7 @@ def readme(info: dict) -> str:
         ("no other penalty", "keep coverage_penalty, repetition_penalty, no_repeat_ngram_size,"),
         ("", "disable_unk and the sampling options at their defaults"),
     ]
-    settings = "\n".join(f"  {left:<30}{right}".rstrip() for left, right in rows)
-    return f"""\
-CTranslate2 model exported by nmt {info['nmt_version']} (nmt-export --format ctranslate2)
-from {info['checkpoint'] or 'a checkpoint'}
-{info['arch']}, {info['src_lang']} -> {info['tgt_lang']}, {info['quantization']} weights,
-CTranslate2 {info['ctranslate2_version']}.
-
-It translates without nmt:  pip install {' '.join(pkgs)}
-
-FILES
-
-{chr(10).join(files)}
-
-WHAT NMT-GENERATE DOES, AND HOW TO DO IT HERE
-
-  1. {step_tok(src, 'source')};
-     sources longer than {dec['max_source_len']} pieces are cut there
-  2. translate the pieces with ctranslate2.Translator; config.json makes CTranslate2 append
-     </s> to each source and start each output with <s>, as nmt
-  3. {step_detok(tgt)}
-  An empty line (no pieces) gives an empty line without running the model.
-
-  translate.py in this directory does all of it (with ctranslate2 and the files here;
-  nmt is not needed):
-
-    python translate.py < input.txt > output.txt        # or: from translate import translate
-
-{python_snippet(info)}
-
-DECODING SETTINGS: NMT -> CTRANSLATE2
-
-  CTranslate2's defaults differ from nmt's: set every one of these.
-
-{settings}
-
-  With these settings greedy decoding (beam_size=1) gives nmt's translations token for token
-  with float32 weights: {greedy} of {n} Multi30k test sentences were identical to
-  nmt-generate --beam 1 on a CPU (see LENGTH PENALTY for beam search).
-
-LENGTH PENALTY
-
-  nmt ranks finished hypotheses by log P(Y|X) / ((5 + |Y|) / 6)^alpha (GNMT; |Y| counts the
-  final </s>), the paper's alpha {dec['lenpen']}. CTranslate2's length_penalty=lp divides by |Y|^lp
-  (|Y| without </s>): no lp ranks as nmt does.
-
-  - translate.py's recipe (nmt's search, up to rounding): length_penalty=1e-9 (any tiny
-    value other than 0 makes CTranslate2 stop as nmt does, once beam_size hypotheses have
-    finished, and leaves the scores log-probabilities), num_hypotheses=beam_size,
-    return_scores=True, then the hypothesis with the best GNMT score.
-  - length_penalty={dec['lenpen']} and one hypothesis: simpler; favours long translations more
-    than nmt does.
-  - CTranslate2's default length_penalty=1: further from nmt.
-
-  Measured on a Multi30k En-De transformer_small (BPE, {n} test sentences, beam 4,
-  alpha 0.6): nmt's translation for {rescored} sentences with the recipe, {lp_alpha} with
-  length_penalty=0.6, {lp_one} with length_penalty=1. What remains:
-  - a hypothesis that reaches the length limit: CTranslate2 ends it without a </s>, nmt
-    forces one and counts its probability (the one sentence above);
-  - CTranslate2 normalizes its probabilities without <pad> and <s>, nmt only never picks
-    them: invisible on a trained model, 3 beam outputs in 100 on one trained for seconds;
-  - an empty translation gets the score -inf in the recipe.
-
-QUANTIZATION
-
-  int8 weights (nmt-export --quantization int8, or compute_type="int8" when loading a float32
-  export) are faster and about 3.5 times smaller; the translations differ a little from nmt's
-  float32 ones ({int8} of {n} identical with greedy decoding, measured as above).
-"""
+    return "\n".join(f"  {left:<30}{right}".rstrip() for left, right in rows)
 
 
 __all__ = ["FORMATS", "QUANTIZATIONS", "export_model", "import_ctranslate2", "check_exportable",

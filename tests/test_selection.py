@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint
+from nmt.training import end
 from nmt.training.loop import Run, TrainConfig, train
 from nmt.training.selection import Selection
 from train_support import FakeData, write_reversal_corpus
@@ -69,7 +70,7 @@ def test_patience_stops_and_names_the_best_checkpoint(tmp_path, monkeypatch):
 
 def test_bleu_is_maximized_and_average_best_keeps_its_checkpoints(tmp_path, monkeypatch):
     scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
-    monkeypatch.setattr(Run, "_score_checkpoint", lambda self, path: None)
+    monkeypatch.setattr(end, "score_checkpoint", lambda run_end, path: None)
     out = train(run_cfg(tmp_path, max_update=6, best_checkpoint_metric="bleu", keep_last=1,
                         average_best=2), FakeData(n_train=40), "fake")
     assert out.name == "checkpoint_avg_best2.pt"
@@ -154,7 +155,7 @@ def test_validate_after_updates_must_not_be_negative(tmp_path):
 
 def test_final_line_says_when_the_printed_average_is_not_the_best(tmp_path, monkeypatch, caplog):
     scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
-    monkeypatch.setattr(Run, "_score_checkpoint", lambda self, path: 27.0)
+    monkeypatch.setattr(end, "score_checkpoint", lambda run_end, path: 27.0)
     with caplog.at_level("INFO", logger="nmt"):
         out = train(run_cfg(tmp_path, max_update=6, best_checkpoint_metric="bleu",
                             average_best=2), FakeData(n_train=40), "fake")
@@ -169,11 +170,11 @@ def test_ensemble_best_keeps_lists_and_reports_its_checkpoints(tmp_path, monkeyp
     scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
     seen = []
 
-    def validate_ensemble(self, paths, name):
+    def validate_ensemble(run_end, paths, name):
         seen.append((list(paths), name))
         return {"bleu": 33.0}
 
-    monkeypatch.setattr(Run, "_validate_ensemble", validate_ensemble)
+    monkeypatch.setattr(end, "validate_ensemble", validate_ensemble)
     with caplog.at_level("INFO", logger="nmt"):
         out = train(run_cfg(tmp_path, max_update=6, best_checkpoint_metric="bleu", keep_last=1,
                             ensemble_best=3), FakeData(n_train=40), "fake")

@@ -137,6 +137,11 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
 
     check_precision(cfg.precision, resolve_device(cfg.device), training=True)
 
+    train_with_progress(cfg, data_dir)
+
+
+def train_with_progress(cfg: TrainConfig, data_dir: str) -> None:
+    """Train on DATA_DIR with a progress bar on stderr; rank 0 prints the checkpoint to use."""
     from pathlib import Path
 
     from nmt.data.datadir import DataDir

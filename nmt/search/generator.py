@@ -87,14 +87,12 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     Returns, per sentence, its ``cfg.nbest`` best hypotheses, best first (ties: the one found
     first). ``constraints``: see the module doc.
     """
-    unset = [k for k in cfg.unset if k != "lenpen_formula"]     # see SearchConfig.formula
-    if unset:
+    if unset := [k for k in cfg.unset if k != "lenpen_formula"]:    # see SearchConfig.formula
         raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(unset)} "
                          f"unset): use cfg.resolve(model_config)")
     device = src_tokens.device
     bsz, k = src_tokens.size(0), cfg.beam
     alpha, formula = cfg.lenpen, cfg.formula
-    hf_rule = formula == "hf"
     src_lengths = src_tokens.ne(PAD).sum(1) - 1                     # [B] without eos
     max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
     n_steps = int(max_len.max()) + 1
@@ -112,19 +110,14 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     scores[:, 0] = 0.0      # one live row per sentence at first, so beams start distinct
     n_fin = torch.zeros(bsz, dtype=torch.long, device=device)       # [N] finished so far
     kth_best = torch.full((bsz,), NEG_INF, device=device)           # [N] nbest-th best score
-    # hf rule only: [N] the beam-th best finished score (transformers' "worst finished")
-    worst_kept = torch.full((bsz,), NEG_INF, device=device)
+    worst_kept = torch.full((bsz,), NEG_INF, device=device)         # [N] beam-th best (hf)
     finished: list[list[tuple[float, list[int], list[float]]]] = [[] for _ in range(bsz)]
 
     for step in range(n_steps):
         n = sent.numel()
-        if step == 0:
-            probs, state = model.step(tokens[::k, :1], state)         # [N, V]
-            probs, state = probs.repeat_interleave(k, dim=0), state.expand(k)
-        else:
-            probs, state = model.step(tokens[:, step:step + 1], state)     # [N*K, V]
+        probs, state = _decoder_step(model, tokens, state, step, k)    # [N*K, V]
         vocab = probs.size(1)
-        restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if hf_rule else None)
+        restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if formula == "hf" else None)
 
         c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
             probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
@@ -135,32 +128,23 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
                               tok_scores, step, k, (alpha, formula), n_fin,
                               {cfg.nbest: kth_best, k: worst_kept})
 
-        new_beams = c_beams.gather(1, pos)                            # [N, K]
-        new_tokens = c_tokens.gather(1, pos)
-        new_lprobs = c_lprobs.gather(1, pos)
-        new_scores = c_scores.gather(1, pos).masked_fill(~alive, NEG_INF)
+        # The next beam: [N, K] each.
+        new_beams, new_tokens, new_lprobs, new_scores = (
+            c.gather(1, pos) for c in (c_beams, c_tokens, c_lprobs, c_scores))
+        new_scores = new_scores.masked_fill(~alive, NEG_INF)
 
-        # Done: enough finished, or none of the live ones can win any more, or none is live.
-        bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha, formula)   # [N]
-        if hf_rule:     # transformers: the best live score at its length, |Y| = step + 1
-            now = new_scores[:, 0] / length_penalty(step + 1, alpha, formula)
-            enough = (n_fin >= k) & (now <= worst_kept)
-        else:
-            enough = n_fin >= k
-        done = enough | ((n_fin >= cfg.nbest) & (bound <= kth_best)) | ~alive[:, 0]
+        done = _sentences_done(new_scores, alive, max_len, step, n_fin, (kth_best, worst_kept),
+                               k, cfg.nbest, (alpha, formula))                  # [N]
         rows = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams   # [N, K] old rows
         if bool(done.any()):
             if bool(done.all()):
                 break
             keep = (~done).nonzero().squeeze(1)                        # [N']
-            rows, new_beams = rows[keep], new_beams[keep]
-            new_tokens, new_lprobs = new_tokens[keep], new_lprobs[keep]
-            new_scores = new_scores[keep]
-            sent, max_len, n_fin, kth_best = sent[keep], max_len[keep], n_fin[keep], kth_best[keep]
-            worst_kept = worst_kept[keep]
+            (rows, new_beams, new_tokens, new_lprobs, new_scores, sent, max_len, n_fin, kth_best,
+             worst_kept) = (t[keep] for t in (rows, new_beams, new_tokens, new_lprobs, new_scores,
+                                              sent, max_len, n_fin, kth_best, worst_kept))
             state = state.select_sentences(keep)
-            n = keep.numel()
-            local = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams
+            local = (torch.arange(keep.numel(), device=device) * k).unsqueeze(1) + new_beams
         else:
             local = rows
         state = state.reorder(local.reshape(-1))
@@ -174,6 +158,30 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
             cstate = cstate.advance(flat, tokens[:, step + 1])
 
     return _best_hypotheses(finished, cfg.nbest)
+
+
+def _sentences_done(new_scores: Tensor, alive: Tensor, max_len: Tensor, step: int,
+                    n_fin: Tensor, bests: tuple[Tensor, Tensor], k: int, nbest: int,
+                    penalty: tuple[float, str]) -> Tensor:
+    """[N] True where a sentence's search is over: enough finished (with the hf rule, and no
+    live hypothesis beats the beam-th best finished at its length, |Y| = step + 1, as
+    transformers decides), or none of the live ones can win any more, or none is live.
+    ``bests``: the nbest-th and the beam-th best finished scores, [N] each."""
+    (alpha, formula), (kth_best, worst_kept) = penalty, bests
+    bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha, formula)   # [N]
+    enough = n_fin >= k
+    if formula == "hf":
+        enough &= new_scores[:, 0] / length_penalty(step + 1, alpha, formula) <= worst_kept
+    return enough | ((n_fin >= nbest) & (bound <= kth_best)) | ~alive[:, 0]
+
+
+def _decoder_step(model, tokens: Tensor, state, step: int, k: int):
+    """(probs [N*K, V], state) of the next token of every row; the first step decodes one row
+    per sentence (its beams all start from the same prefix) and gives each sentence k rows."""
+    if step == 0:
+        probs, state = model.step(tokens[::k, :1], state)             # [N, V]
+        return probs.repeat_interleave(k, dim=0), state.expand(k)
+    return model.step(tokens[:, step:step + 1], state)
 
 
 def _best_hypotheses(finished, nbest: int) -> list[list[Hypothesis]]:

@@ -4,7 +4,12 @@
     from nmt.checkpoint import load_checkpoint, load_model_from_checkpoint
     from nmt.training.average import average_checkpoints
 
-Modules: loss (label-smoothed cross entropy), optim (Adam + eq. 5), trainer (one update),
-loop (epochs, validation, checkpoints, resume), checkpoint, average, distributed (torchrun),
-validate (loss, greedy BLEU), curves (JSON-lines log, PNG), flops (analytic FLOP count).
+Modules: loop (the run top to bottom: set-up, updates, validation, saving, resuming), setup
+(the run's parts before its first update), trainer (one update), loss (label-smoothed cross
+entropy), optim (Adam + eq. 5), policy (when to save/validate/stop), selection (the best
+checkpoint), savedir (the save directory), resume (the training half of a checkpoint: what is
+saved, checked and restored), end (averages and the ensemble at the end of a run), report (what
+the run logs), validate (loss; BLEU/chrF/bracket F1 by beam search, as nmt-generate),
+init_from, average, distributed (torchrun), signals, curves (JSON-lines log, PNG,
+TensorBoard), flops (analytic FLOP count). The checkpoint format itself is nmt.checkpoint.
 """

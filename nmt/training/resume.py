@@ -1,4 +1,8 @@
-"""What a resumed run must share with the checkpoint it continues, and what it may change.
+"""The training half of a checkpoint, in one place: what a run saves to continue exactly
+(:func:`training_state`), where it finds it again (:func:`resume_point`), what it checks before
+continuing (:func:`check_resumable`) and how it takes it back (:func:`restore`,
+:func:`saved_position`). ``nmt.checkpoint`` keeps the half every checkpoint has (format, saving,
+safe loading, the model and its codecs), which decoding uses too.
 
 A checkpoint continues only on the data it was trained on: the same source and target
 vocabularies and subword models (another data directory with the same codecs, e.g. new data
@@ -11,10 +15,129 @@ from just the same (``check_init_data``).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import random
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
+import torch
+
 from nmt.errors import NmtError
+
+log = logging.getLogger("nmt.train")
+
+# --- what a training checkpoint adds (nmt.checkpoint.TRAINING_KEYS) -------------------------
+
+def training_state(cfg, trainer, selection, rng_states: list[dict[str, Any]], epoch: int,
+                   epoch_batches_done: int, sampler_signature: Any,
+                   valid: dict[str, Any] | None) -> dict[str, Any]:
+    """The training keys of a checkpoint: the run's options (a TrainConfig), the trainer's
+    optimizer/scheduler/scaler, every rank's RNGs, the data position (the next batch of
+    ``epoch``, valid for the batching ``sampler_signature`` describes), the checkpoint
+    selection and the validation at this save."""
+    return {
+        "train_config": dataclasses.asdict(cfg),
+        **trainer.state_dict(),
+        "rng": {"ranks": rng_states},
+        "progress": {"epoch": epoch, "update": trainer.num_updates,
+                     "epoch_batches_done": epoch_batches_done,
+                     "sampler": sampler_signature,
+                     "best_loss": selection.best if selection.metric == "loss" else None,
+                     "selection": selection.state_dict(),
+                     "valid": valid or {}},
+    }
+
+
+def resume_point(save_dir, resume: bool, device, is_main: bool) -> tuple[Path, dict] | None:
+    """The newest intact checkpoint of ``save_dir`` (a SaveDir) when ``resume`` is on, else
+    None. Rank 0 first removes the leftovers of interrupted saves, and with --no-resume moves
+    the previous run's files aside."""
+    if is_main:
+        save_dir.remove_stale_temporaries()
+    if not resume:
+        moved = save_dir.move_previous_run() if is_main else None
+        if moved is not None:
+            log.warning("--no-resume: starting afresh; the previous run's files are in %s",
+                        moved)
+        return None
+    warn = log.warning if is_main else (lambda msg: None)
+    return save_dir.newest_intact(device, warn)
+
+
+def check_resumable(ck: Mapping[str, Any], path: Path, cfg, model_cfg, data, data_dir: str,
+                    warn: Callable[..., None]) -> None:
+    """Refuse a checkpoint this run cannot continue (not a training checkpoint, other data,
+    another model); warn about the optimisation options that change from its run."""
+    if "progress" not in ck or "optimizer" not in ck:
+        raise NmtError(f"{path}: not a training checkpoint (averaged?); cannot resume")
+    check_same_data(ck, path, data, data_dir, warn)
+    check_same_model(ck["model_config"], model_cfg.to_dict(), path)
+    changed = changed_options(ck.get("train_config"), cfg)
+    if changed:
+        warn("resuming %s with options that differ from its run: %s; the new values "
+             "apply from update %d on", path.name, ", ".join(changed),
+             ck["progress"]["update"] + 1)
+
+
+def restore(ck: Mapping[str, Any], model, trainer, selection, rank: int,
+            world_size: int) -> None:
+    """Take back the weights, the optimizer/scheduler/scaler, the checkpoint selection and
+    (with as many ranks as saved it) this rank's RNGs."""
+    model.load_state_dict(ck["model"])
+    trainer.load_state_dict(ck)
+    prog = ck["progress"]
+    selection.load_state_dict(prog.get("selection"), prog.get("best_loss"))
+    ranks = ck["rng"]["ranks"]
+    if len(ranks) == world_size:
+        set_rng_state(ranks[rank])
+
+
+def saved_init_from(ck: Mapping[str, Any]) -> str | None:
+    """The file the run's weights first came from (--init-from): the run keeps the record."""
+    return (ck.get("train_config") or {}).get("init_from")
+
+
+def saved_position(ck: Mapping[str, Any], path: Path, sampler_signature: Any) -> tuple[int, int]:
+    """(epoch, batches of it done) to continue at: the saved position, or the start of the
+    next epoch when the batching changed (another --max-tokens or world size: the saved
+    position would mean other batches)."""
+    prog = ck["progress"]
+    if prog.get("sampler") == sampler_signature:
+        return prog["epoch"], prog["epoch_batches_done"]
+    log.warning("batching changed since %s: continuing at the start of epoch %d",
+                path, prog["epoch"] + 1)
+    return prog["epoch"] + 1, 0
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Every RNG training touches, as tensors and plain python values (weights_only safe)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# --- what a resumed run must share with its checkpoint ---------------------------------------
 
 HOW_TO_RESTART = "use --no-resume to start afresh, or another --save-dir"
 
@@ -122,5 +245,7 @@ def _fmt(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["check_same_data", "check_init_data", "check_same_model", "changed_options",
-           "codec_difference", "vocabulary_mismatch"]
+__all__ = ["training_state", "resume_point", "check_resumable", "restore", "saved_init_from",
+           "saved_position", "get_rng_state", "set_rng_state", "check_same_data",
+           "check_init_data", "check_same_model", "changed_options", "codec_difference",
+           "vocabulary_mismatch"]

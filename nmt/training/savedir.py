@@ -113,6 +113,14 @@ class SaveDir:
     def has_checkpoints(self) -> bool:
         return self.last.exists() or bool(self.numbered())
 
+    def intact_message(self) -> str:
+        """What a rerun of the same command resumes from."""
+        saved = self.numbered()
+        if not saved:
+            return "no checkpoint was saved yet: the same command starts afresh"
+        return (f"{saved[-1]} is intact (checkpoints are written atomically): the same "
+                f"command resumes from it")
+
     def write(self, ckpt: Mapping[str, Any], update: int, is_best: bool,
               keep_last: int, keep: Iterable[int] = ()) -> Path:
         """Save checkpoint_<update>.pt, point the last (and best) links at it, and prune

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -214,32 +212,4 @@ class Trainer:
         self.schedule.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-
-
-# --- random number generators ---------------------------------------------------------------------
-
-def get_rng_state() -> dict[str, Any]:
-    """Every RNG training touches, as tensors and plain python values (weights_only safe)."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
-        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["gauss"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 

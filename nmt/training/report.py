@@ -1,0 +1,95 @@
+"""What a training run says (rank 0): its first line and the warnings about its options, the
+line every --log-interval updates, a skipped non-finite update, and the summary at its end.
+The periodic line and the summary also go to the JSON-lines log (and TensorBoard)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt.errors import NmtError
+from nmt.training.config import TrainConfig
+from nmt.training.curves import plot_curves
+from nmt.training.meter import memory_stats
+
+log = logging.getLogger("nmt.train")
+
+TRY = "try a smaller --lr-scale, --clip-norm or fp32"
+
+
+def start(cfg: TrainConfig, arch: str, n_params: int, n_train: int, world_size: int, device,
+          num_updates: int) -> None:
+    """The run's first line, and warnings about options that undo what they are for."""
+    log.info("model %s: %d parameters; %d training pairs; %d ranks x %d max tokens x "
+             "update-freq %d; device %s, %s%s", arch, n_params, n_train, world_size,
+             cfg.max_tokens, cfg.update_freq, device, cfg.precision,
+             "; fast dropout masks" if cfg.dropout_masks == "fast" else "")
+    if cfg.max_update and cfg.max_update < cfg.warmup and num_updates < cfg.max_update:
+        log.warning("--max-update %d ends the run before its warm-up of %d updates: the "
+                    "learning rate never reaches its peak and the model will be undertrained; "
+                    "give a shorter warm-up, e.g. --warmup %d", cfg.max_update, cfg.warmup,
+                    max(1, cfg.max_update // 4))
+    every = cfg.save_interval_updates
+    if cfg.lr_period and (not every or cfg.warmup % every or cfg.lr_period % every):
+        log.warning("--lr-period %d: not every cycle's end (updates %d, %d, ...) is saved, so "
+                    "annealed snapshots are lost; give a --save-interval-updates that "
+                    "divides both --warmup %d and --lr-period %d", cfg.lr_period,
+                    cfg.warmup + cfg.lr_period, cfg.warmup + 2 * cfg.lr_period, cfg.warmup,
+                    cfg.lr_period)
+
+
+def check_finite(summary: dict[str, float], update: int) -> None:
+    """Stop (every rank) when the mean loss of the last updates is not finite."""
+    if not np.isfinite(summary["loss"]):
+        raise NmtError(f"the loss became {summary['loss']} at update {update}; {TRY}")
+
+
+def train_line(summary: dict[str, float], lr: float, update: int, epoch: int, device,
+               sinks: tuple) -> None:
+    """The periodic training line (``summary``: a Meter's), logged and written to ``sinks``."""
+    mem = memory_stats(device)
+    rec = {"kind": "train", "update": update, "epoch": epoch, "lr": lr, **summary, **mem}
+    for sink in sinks:
+        sink.write(rec)
+    s = summary
+    log.info("epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
+             "gnorm %.3f | %.0f tgt tok/s | %.2f upd/s | rss %.2f GB%s", epoch, update,
+             s["loss"], s["nll_loss"], s["ppl"], lr, s["gnorm"], s["tgt_tokens_per_s"],
+             s["updates_per_s"], mem["rss_gb"],
+             f" | gpu {mem['gpu_max_gb']:.2f} GB" if "gpu_max_gb" in mem else "")
+
+
+def nonfinite(stats: Any, trainer, max_nonfinite: int, save_dir: Path, is_main: bool) -> None:
+    """A skipped NaN/inf update (``stats``: its StepStats): warn; give up after
+    ``max_nonfinite`` in a row."""
+    n = trainer.nonfinite_in_a_row
+    attempted = trainer.num_updates + 1     # skipped updates do not count
+    loss = float(stats.loss) / max(stats.ntokens, 1)
+    gnorm = float(stats.gnorm)
+    scale = trainer.scaler.get_scale() if trainer.scaler is not None else None
+    if is_main:
+        log.warning("update %d: loss %s, gradient norm %s: not finite, update skipped "
+                    "(%d in a row)%s", attempted, loss, gnorm, n,
+                    f"; fp16 loss scale lowered to {scale:g}" if scale is not None else "")
+    if n >= max_nonfinite:
+        raise NmtError(f"the loss or gradient was not finite for {n} updates in a row "
+                       f"(last at update {attempted}: loss {loss}, gradient norm {gnorm}); "
+                       f"stopped without saving them (the checkpoints in {save_dir} are "
+                       f"intact); {TRY}")
+
+
+def end(summary: dict[str, float], seconds: float, update: int, jsonl, tensorboard,
+        save_dir: Path) -> None:
+    """The summary line and record; closes the logs and draws SAVE_DIR/curves.png."""
+    log.info("done: %d updates in %.1fs | %.0f target tokens/s | %.3f updates/s",
+             update, seconds, summary["tgt_tokens_per_s"], summary["updates_per_s"])
+    jsonl.write({"kind": "summary", "update": update, "seconds": seconds, **summary})
+    jsonl.close()
+    tensorboard.close()
+    plot_curves(save_dir / "train_log.jsonl", save_dir / "curves.png")
+
+
+__all__ = ["start", "check_finite", "train_line", "nonfinite", "end"]

@@ -1,0 +1,32 @@
+"""The code's shape (issue 27): no function in nmt/ is longer than 80 lines, and the training
+run, nmt/training/loop.py, stays readable top to bottom in one sitting (under 350 lines)."""
+
+import ast
+from pathlib import Path
+
+import nmt
+
+PACKAGE = Path(nmt.__file__).resolve().parent
+
+
+def long_functions(root: Path, limit: int = 80) -> list[str]:
+    """'path:line name (N lines)' for each function or method of ``root``'s modules longer
+    than ``limit`` lines, decorators excluded, docstring included."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} "
+                               f"({n} lines)")
+    return out
+
+
+def test_no_function_in_nmt_is_longer_than_80_lines():
+    assert long_functions(PACKAGE) == []
+
+
+def test_the_training_run_reads_in_one_sitting():
+    lines = (PACKAGE / "training" / "loop.py").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 350
