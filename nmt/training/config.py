@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nmt.config import CHOICES
 from nmt.errors import UsageError
+from nmt.metrics.table import VALIDATION_METRICS as METRICS
 from nmt.options import option
+from nmt.search.config import PRESET_FIELDS, SearchConfig
 
-METRICS = ("loss", "bleu", "chrf", "bracket-f1")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 DEFAULT_ARCH = "transformer_base"   # --arch when neither it nor --init-from is given
@@ -154,10 +156,16 @@ class TrainConfig:
     valid_bleu: bool = option(False, "Also report BLEU and chrF of the decoded validation split "
                               "at each validation (implied by --best-checkpoint-metric "
                               "bleu/chrf).")
+    # Validation decoding: one --valid-<field> option per SearchConfig field that defaults to
+    # the preset (search.config.PRESET_FIELDS); valid_search builds the SearchConfig from them.
     valid_beam: int | None = option(None, "Beam size of validation decoding [default: the "
                                     "preset's, as nmt-generate].")
     valid_lenpen: float | None = option(None, "Length penalty of validation decoding "
                                         "[default: the preset's].")
+    valid_lenpen_formula: str | None = option(
+        None, "Length penalty formula of validation decoding, as nmt-generate's "
+        "--lenpen-formula [default: the preset's].", choices=CHOICES["lenpen_formula"],
+        show_default=False)
     valid_max_len_a: float | None = option(None, "Validation output length limit a * source "
                                            "+ b, a [default: the preset's].")
     valid_max_len_b: int | None = option(None, "... and b [default: the preset's].")
@@ -191,6 +199,12 @@ class TrainConfig:
     def metric_needs_decoding(self) -> bool:
         return self.best_checkpoint_metric != "loss" or self.valid_bleu
 
+    @property
+    def valid_search(self) -> SearchConfig:
+        """Validation decoding: each field of SearchConfig that defaults to the model's preset
+        from its --valid-<field> option (unset: the preset's, once resolved, as nmt-generate)."""
+        return SearchConfig(**{name: getattr(self, f"valid_{name}") for name in PRESET_FIELDS})
+
     def check(self) -> None:
         for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite"):
             if getattr(self, name) < 1:
@@ -217,6 +231,7 @@ class TrainConfig:
             raise UsageError(f"--best-checkpoint-metric must be one of {', '.join(METRICS)}")
         if self.valid_beam is not None and self.valid_beam < 1:
             raise UsageError("--valid-beam must be >= 1")
+        self.valid_search    # builds it: the other --valid-* values meet SearchConfig's checks
         if self.init_from == "":
             raise UsageError("--init-from needs a checkpoint path")
 

@@ -199,10 +199,7 @@ class Run(EndOfRun):
 
     def search_config(self) -> SearchConfig:
         """Validation decoding: the --valid-* options, else the preset's (as nmt-generate)."""
-        cfg = self.cfg
-        return SearchConfig(beam=cfg.valid_beam, lenpen=cfg.valid_lenpen,
-                            max_len_a=cfg.valid_max_len_a,
-                            max_len_b=cfg.valid_max_len_b).resolve(self.model_cfg)
+        return self.cfg.valid_search.resolve(self.model_cfg)
 
     # --- checkpoints ----------------------------------------------------------------------------
     def _checkpoint(self, rng_states: list[Any], valid: dict[str, Any] | None) -> dict:
