@@ -206,6 +206,9 @@ class TrainConfig:
         return SearchConfig(**{name: getattr(self, f"valid_{name}") for name in PRESET_FIELDS})
 
     def check(self) -> None:
+        """Every option of the run, checked once: here (nmt-train checks the machine part
+        before it reads any data; ``train`` checks the whole when the run starts)."""
+        self.check_machine()
         for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
@@ -234,6 +237,21 @@ class TrainConfig:
         self.valid_search    # builds it: the other --valid-* values meet SearchConfig's checks
         if self.init_from == "":
             raise UsageError("--init-from needs a checkpoint path")
+
+    def check_machine(self) -> None:
+        """--precision, --arch with its -o overrides, and --device: a run that cannot start on
+        this machine fails before any data is read (int8 decodes only; bf16/fp16 need CUDA)."""
+        from nmt.registry import get_arch
+        from nmt.runtime import check_precision, check_training_precision, resolve_device
+
+        check_training_precision(self.precision)
+        # With --init-from the model configuration comes from the checkpoint, checked when it
+        # is read; a --arch given with it must still name a preset.
+        if self.init_from is None:
+            get_arch(self.arch_name, self.overrides)
+        elif self.arch is not None:
+            get_arch(self.arch)
+        check_precision(self.precision, resolve_device(self.device), training=True)
 
     def _check_schedule(self) -> None:
         if self.lr is not None and not self.lr > 0:
