@@ -225,3 +225,21 @@ def test_the_metric_table_is_what_nmt_score_computes():
         assert good_score.metric == bad_score.metric == name
         assert (good_score.score > bad_score.score) == BY_NAME[name].higher_is_better, name
         assert good_score.score != bad_score.score, name
+
+
+def test_options_are_the_score_config_and_ref_is_required(tmp_path):
+    """nmt-score's options are ScoreConfig's fields (declared once, with option()); --ref, a
+    repeatable option without a default, is still required."""
+    import dataclasses
+
+    from nmt.cli.score import ScoreConfig
+
+    assert ({p.name for p in main.params} - {"verbose", "quiet"}
+            == {f.name for f in dataclasses.fields(ScoreConfig)})
+    hyp = tmp_path / "hyp"
+    hyp.write_text("the cat sat on the mat\n")
+    r = cli("-i", hyp)
+    assert r.returncode == 2 and r.stdout == b""
+    assert r.stderr.decode().splitlines() == ["nmt-score: error: Missing option '--ref' / '-r'."]
+    r = cli("-i", hyp, "-r", hyp, "-r", hyp, "-m", "bleu", "--json", "-w", "2")
+    assert r.returncode == 0 and json.loads(r.stdout)["score"] == 100.0
