@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from nmt.data.batching import BOS, EOS, PAD, TokenBatchSampler, collate
+from nmt.data.batching import BOS, EOS, PAD, TokenBatchSampler, collate, longest_first
 
 from train_support import FakeData
 
@@ -86,3 +86,25 @@ def test_collate_layout():
 def test_bad_arguments():
     with pytest.raises(ValueError):
         TokenBatchSampler(np.array([1]), np.array([1]), max_tokens=0)
+
+
+@pytest.mark.parametrize("max_tokens,max_sentences", [(40, None), (None, 3), (25, 4), (5, 2)])
+def test_decode_batches_are_longest_first_within_limits(max_tokens, max_sentences):
+    """The batches of translation and forced scoring: every item once, longest first (ties:
+    the larger ``tie``, then input order), each batch within both limits unless one item alone
+    is over max_tokens, and every batch as full as the limits allow."""
+    rng = np.random.default_rng(7)
+    widths = rng.integers(1, 12, size=60).tolist()
+    tie = rng.integers(0, 3, size=60).tolist()
+    batches = longest_first(widths, max_tokens, max_sentences, tie=tie)
+    order = [i for b in batches for i in b]
+    assert order == sorted(range(60), key=lambda i: (-widths[i], -tie[i], i))
+    for b, after in zip(batches, batches[1:] + [None]):
+        fits = lambda n, w: ((max_sentences is None or n <= max_sentences)   # noqa: E731
+                             and (max_tokens is None or n * w <= max_tokens))
+        assert len(b) == 1 or fits(len(b), widths[b[0]])
+        if after is not None:                 # greedy: the next item would not have fitted
+            assert not fits(len(b) + 1, widths[b[0]])
+    among = [i for i in range(60) if i % 5]
+    assert [i for b in longest_first(widths, max_tokens, max_sentences, among=among)
+            for i in b] == sorted(among, key=lambda i: (-widths[i], i))

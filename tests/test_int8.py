@@ -129,11 +129,11 @@ def test_precision_table_knows_int8():
         check_precision("int8", cpu, training=True)
     with pytest.raises(UsageError, match="CPU only"):
         check_precision("int8", torch.device("cuda"))
-    from nmt.training.trainer import Trainer
+    from nmt.training.config import TrainConfig
 
+    # A run's precision is checked with its other options, before anything is built.
     with pytest.raises(UsageError, match="decoding only"):
-        Trainer(nn.Linear(2, 2), label_smoothing=0.1, d_model=2, precision="int8",
-                device="cpu")
+        TrainConfig(precision="int8", device="cpu", max_update=1).check()
 
 
 def test_int8_on_cuda_is_a_one_line_error(ckpt, monkeypatch):

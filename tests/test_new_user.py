@@ -88,7 +88,7 @@ def test_text_on_stdin_without_a_checkpoint_is_explained():
 
 @pytest.mark.parametrize("prog,flag,suggestion", [
     ("nmt-preprocess", "--train-pref", "--trainpref"),
-    ("nmt-train", "--lr", "--lr-scale"),
+    ("nmt-train", "--warmpu", "--warmup"),
     ("nmt-generate", "--beem", "--beam"),
     ("nmt-score", "--hypp", "--hyp"),
 ])

@@ -205,3 +205,41 @@ def test_bad_input(tmp_path):
         assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     r = cli("-r", good, input=b"a b c\n")          # stdin with too few lines
     assert r.returncode == 1 and b"<stdin> has 1 lines but" in r.stderr
+
+
+def test_the_metric_table_is_what_nmt_score_computes():
+    """Each metric the table (nmt.metrics.table) gives nmt-score is computed under its own name
+    and scores in the direction the table says, the one checkpoint selection follows."""
+    from nmt.metrics.scoring import corpus_score
+    from nmt.metrics.table import BY_NAME, SCORE_METRICS
+
+    refs = ["the cat sat on the mat .", "a dog ran in the big park today ."]
+    bad = ["mat the on sat .", "park dog today a ran in"]
+    trees = ["(S (NP (D the) (N cat)) (VP (V sat) (PP (P on) (NP (D the) (N mat)))))",
+             "(S (NP (D a) (N dog)) (VP (V ran)))"]
+    bad_trees = ["(S (D the) (NP (N cat) (V sat) (P on)) (VP (D the) (N mat)))",
+                 "(S (D a) (VP (N dog) (V ran)))"]
+    for name in SCORE_METRICS:
+        r, b = (trees, bad_trees) if name == "bracket-f1" else (refs, bad)
+        good_score, bad_score = corpus_score(name, r, [r]), corpus_score(name, b, [r])
+        assert good_score.metric == bad_score.metric == name
+        assert (good_score.score > bad_score.score) == BY_NAME[name].higher_is_better, name
+        assert good_score.score != bad_score.score, name
+
+
+def test_options_are_the_score_config_and_ref_is_required(tmp_path):
+    """nmt-score's options are ScoreConfig's fields (declared once, with option()); --ref, a
+    repeatable option without a default, is still required."""
+    import dataclasses
+
+    from nmt.cli.score import ScoreConfig
+
+    assert ({p.name for p in main.params} - {"verbose", "quiet"}
+            == {f.name for f in dataclasses.fields(ScoreConfig)})
+    hyp = tmp_path / "hyp"
+    hyp.write_text("the cat sat on the mat\n")
+    r = cli("-i", hyp)
+    assert r.returncode == 2 and r.stdout == b""
+    assert r.stderr.decode().splitlines() == ["nmt-score: error: Missing option '--ref' / '-r'."]
+    r = cli("-i", hyp, "-r", hyp, "-r", hyp, "-m", "bleu", "--json", "-w", "2")
+    assert r.returncode == 0 and json.loads(r.stdout)["score"] == 100.0

@@ -97,3 +97,31 @@ def test_list_archs_prints_a_table_on_stdout():
     assert code == 0, err
     assert "transformer_big" in stdout and "transformer_tiny" in stdout
     assert "8000" in stdout
+
+
+VALID_VALUES = {"beam": 3, "lenpen": 1.5, "lenpen_formula": "fairseq", "max_len_a": 2.0,
+                "max_len_b": 7}
+
+
+def test_validation_decodes_with_a_search_config_built_from_the_valid_options():
+    """Each SearchConfig field that defaults to the preset is a --valid-<field> option, and
+    TrainConfig.valid_search carries it (a new SearchConfig field needs its option here)."""
+    from nmt.search.config import PRESET_FIELDS, SearchConfig
+    from nmt.training.config import TrainConfig
+
+    _, out, _ = cli(["--help"])
+    for name in PRESET_FIELDS:
+        assert f"--valid-{name.replace('_', '-')}" in out, name
+    cfg = TrainConfig(**{f"valid_{k}": v for k, v in VALID_VALUES.items()})
+    assert cfg.valid_search == SearchConfig(**{k: VALID_VALUES[k] for k in PRESET_FIELDS})
+    assert TrainConfig().valid_search == SearchConfig()
+
+
+def test_a_bad_validation_search_option_stops_before_training(data_dir, tmp_path):
+    save = tmp_path / "s"
+    code, out, err = cli([data_dir, "--arch", "transformer_tiny", "--max-update", "2",
+                          "--max-tokens", "100", "--valid-bleu", "--valid-lenpen", "-1",
+                          "--save-dir", str(save)])
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == ["nmt-train: error: lenpen must be >= 0, got -1.0"]
+    assert not save.exists()

@@ -49,7 +49,8 @@ def _click_option(f: dataclasses.Field, hints: dict[str, Any]) -> Callable[[F], 
             kwargs["type"] = meta.get("cli_type") or (tp if tp in (int, float, str) else str)
         if meta.get("multiple"):
             kwargs["multiple"] = True
-            kwargs["default"] = tuple(default) if default else ()
+            # No default (a required repeatable option, e.g. nmt-score --ref): click's ().
+            kwargs["default"] = () if default is dataclasses.MISSING else tuple(default or ())
             kwargs["show_default"] = False
         else:
             kwargs["default"] = None if default is dataclasses.MISSING else default

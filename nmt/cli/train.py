@@ -117,25 +117,12 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     if len(inputs) > 1:
         raise UsageError(f"expected one data directory, got {len(inputs)} arguments "
                          f"(use --average to average checkpoints)")
-    from nmt.runtime import check_training_precision
-
-    check_training_precision(precision)     # int8 is for decoding: fail before reading stdin
-    data_dir = inputs[0] if inputs else read_path_from_stdin("data directory")
-
     from nmt.config import parse_overrides
-    from nmt.registry import get_arch
 
     cfg = build_config(TrainConfig, options, overrides=parse_overrides(overrides),
                        device=device, precision=precision)
-    # Unknown arch / key / bad value: fail before opening data (with --init-from the model
-    # configuration comes from the checkpoint, checked when it is read).
-    if cfg.init_from is None:
-        get_arch(cfg.arch_name, cfg.overrides)
-    elif cfg.arch is not None:
-        get_arch(cfg.arch)
-    from nmt.runtime import check_precision, resolve_device
-
-    check_precision(cfg.precision, resolve_device(cfg.device), training=True)
+    cfg.check_machine()     # precision, arch, device: fail before reading stdin or data
+    data_dir = inputs[0] if inputs else read_path_from_stdin("data directory")
 
     train_with_progress(cfg, data_dir)
 

@@ -6,12 +6,16 @@ whose padded size ``n_sentences * longest`` stays within ``max_tokens``, and the
 shuffled. With several ranks each takes every ``world_size``-th batch of that shared list, so the
 ranks see different batches while agreeing on the epoch. A position in the list (how many of
 this rank's batches were consumed) is all a checkpoint needs to resume mid-epoch.
+
+Decoding (nmt.search: translation, forced scoring, alignment) batches with
+:func:`longest_first`: no shuffling, longest first, so that outputs come back in input order and
+a batch's padding is small. Both cut a sorted list with the same greedy rule, :func:`cut`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -91,6 +95,40 @@ def dummy_batch(start: int = BOS) -> Batch:
                  torch.zeros(1, dtype=torch.int64))
 
 
+def cut(costs: Sequence[int], max_tokens: int | None,
+        max_sentences: int | None = None) -> list[tuple[int, int]]:
+    """Greedy cut of a length-sorted list into consecutive ``(start, end)`` batches: a batch
+    grows while ``n * its largest cost <= max_tokens`` and ``n <= max_sentences`` (None or 0:
+    no limit); an item over ``max_tokens`` on its own still gets a batch of its own."""
+    bounds = [0]
+    longest = 0
+    start = 0
+    for j, c in enumerate(costs):
+        new_longest = c if c > longest else longest
+        n = j - start + 1
+        if j > start and ((max_sentences and n > max_sentences)
+                          or (max_tokens is not None and n * new_longest > max_tokens)):
+            bounds.append(j)
+            start = j
+            new_longest = c
+        longest = new_longest
+    bounds.append(len(costs))
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def longest_first(widths: Sequence[int], max_tokens: int | None, max_sentences: int | None,
+                  among: Iterable[int] | None = None,
+                  tie: Sequence[int] | None = None) -> list[list[int]]:
+    """Decode-time batches of the items ``among`` (default: all), as lists of their indices:
+    sorted by ``widths`` (padded tokens per item, eos included), longest first, ties broken by
+    ``tie`` (larger first), then by input order; cut by :func:`cut`. The order is a pure
+    function of the inputs, so a batch setting always gives the same batches."""
+    items = range(len(widths)) if among is None else among
+    key = ((lambda i: -widths[i]) if tie is None else (lambda i: (-widths[i], -tie[i])))
+    order = sorted(items, key=key)
+    return [order[a:b] for a, b in cut([widths[i] for i in order], max_tokens, max_sentences)]
+
+
 class TokenBatchSampler:
     """Deterministic, shardable, resumable token-based batches.
 
@@ -152,21 +190,8 @@ class TokenBatchSampler:
         return batches
 
     def _cut(self, idx: np.ndarray) -> list[np.ndarray]:
-        """Greedy cut of length-sorted indices: grow a batch while n * longest <= max_tokens."""
-        cost = self.cost[idx].tolist()
-        max_sent = self.max_sentences or len(idx) + 1
-        bounds = [0]
-        longest = 0
-        start = 0
-        for j, c in enumerate(cost):
-            new_longest = c if c > longest else longest
-            if (j - start + 1) * new_longest > self.max_tokens or j - start >= max_sent:
-                bounds.append(j)
-                start = j
-                new_longest = c
-            longest = new_longest
-        bounds.append(len(cost))
-        return [idx[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return [idx[a:b] for a, b in cut(self.cost[idx].tolist(), self.max_tokens,
+                                         self.max_sentences)]
 
     def shard_batches(self, epoch: int) -> list[np.ndarray | None]:
         """This rank's batches of ``epoch``; every rank gets the same count (``None`` pads the

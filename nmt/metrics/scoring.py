@@ -19,9 +19,9 @@ from typing import Any, Sequence
 from nmt.errors import NmtError, UsageError, suggest
 import nmt.metrics.evalb as evalb_mod
 import nmt.metrics.tok_bleu as tok_bleu_mod
+from nmt.metrics.table import SCORE_METRICS as METRICS
 from nmt.version import __version__
 
-METRICS = ("bleu", "chrf", "ter", "tok-bleu", "multi-bleu", "bracket-f1")
 SACRE = {"bleu": "BLEU", "chrf": "CHRF", "ter": "TER"}
 log = logging.getLogger("nmt.metrics")
 

@@ -60,7 +60,7 @@ class SearchConfig:
     @property
     def unset(self) -> list[str]:
         """The fields still meaning "the preset's"."""
-        return [k for k in _PRESET_FIELDS if getattr(self, k) is None]
+        return [k for k in PRESET_FIELDS if getattr(self, k) is None]
 
     def resolve(self, preset: ModelConfig | None = None) -> "SearchConfig":
         """This config with its unset fields taken from ``preset`` (a ModelConfig, or anything
@@ -75,7 +75,9 @@ class SearchConfig:
                                 for k in self.unset})
 
 
-_PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b")
+# The fields that default to the model's preset (each also a --valid-<field> option of nmt-train:
+# TrainConfig.valid_search).
+PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b")
 
 
 DEFAULT_BATCH_SIZE = 64
@@ -124,4 +126,4 @@ class SamplingConfig:
             raise UsageError(f"--temperature must be > 0, got {self.temperature}")
 
 
-__all__ = ["SearchConfig", "BatchConfig", "SamplingConfig", "DEFAULT_BATCH_SIZE"]
+__all__ = ["SearchConfig", "BatchConfig", "SamplingConfig", "DEFAULT_BATCH_SIZE", "PRESET_FIELDS"]

@@ -37,7 +37,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from torch import Tensor
 
 from nmt.errors import NmtError, UsageError
 from nmt.search.config import BatchConfig
+from nmt.data.batching import longest_first
 from nmt.search.length_penalty import length_penalty
 from nmt.specials import BOS, EOS, PAD
 
@@ -306,24 +307,12 @@ def _checked(x, vocab: int, line: int, side: str) -> np.ndarray:
     return a
 
 
-def _batches(srcs: list[np.ndarray], tgts: list[np.ndarray],
-             cfg: BatchConfig) -> Iterator[list[int]]:
-    """Pairs sorted by their longer side, longest first (stable), cut into batches of at most
-    ``cfg.sentences`` pairs and ``cfg.max_tokens`` padded tokens of the longer side."""
+def _batches(srcs: list[np.ndarray], tgts: list[np.ndarray], cfg: BatchConfig) -> list[list[int]]:
+    """Pairs sorted by their longer side, longest first (ties: the longer source first), cut
+    into batches of at most ``cfg.sentences`` pairs and ``cfg.max_tokens`` padded tokens of the
+    longer side."""
     width = [max(s.size, t.size) + 1 for s, t in zip(srcs, tgts)]     # + eos (or bos)
-    order = sorted(range(len(srcs)), key=lambda i: (-width[i], -srcs[i].size))
-    batch: list[int] = []
-    for i in order:
-        w = width[batch[0]] if batch else width[i]     # the first is the longest
-        full = batch and ((cfg.sentences is not None and len(batch) >= cfg.sentences)
-                          or (cfg.max_tokens is not None
-                              and w * (len(batch) + 1) > cfg.max_tokens))
-        if full:
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch
+    return longest_first(width, cfg.max_tokens, cfg.sentences, tie=[s.size for s in srcs])
 
 
 def _collate(srcs, tgts, rows: list[int], device, start: int = BOS

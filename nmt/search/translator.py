@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence, overload
+from typing import Any, Callable, Mapping, Sequence, overload
 
 import numpy as np
 import torch
 
+from nmt.data.batching import longest_first
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
 from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SamplingConfig, SearchConfig
@@ -268,24 +269,10 @@ class Translator:
                                      tokens=[d[i] for i in h.tokens], score=h.score,
                                      token_scores=h.token_scores)
 
-    def _batches(self, arrays: list[np.ndarray]) -> Iterable[list[int]]:
-        """Non-empty sources sorted longest first (stable), cut into batches."""
-        order = sorted((i for i in range(len(arrays)) if arrays[i].size),
-                       key=lambda i: -arrays[i].size)
-        batch: list[int] = []
-        width = 0                                  # longest source in the batch, with eos
-        for i in order:
-            w = max(width, arrays[i].size + 1)
-            full = batch and ((self.batch_size is not None and len(batch) >= self.batch_size)
-                              or (self.max_tokens is not None
-                                  and w * (len(batch) + 1) > self.max_tokens))
-            if full:
-                yield batch
-                batch, w = [], arrays[i].size + 1
-            batch.append(i)
-            width = w
-        if batch:
-            yield batch
+    def _batches(self, arrays: list[np.ndarray]) -> list[list[int]]:
+        """Non-empty sources, longest first (stable), cut into batches."""
+        return longest_first([a.size + 1 for a in arrays], self.max_tokens, self.batch_size,
+                             among=(i for i, a in enumerate(arrays) if a.size))
 
     def _collate(self, arrays: list[np.ndarray]) -> torch.Tensor:
         """[B, S] source tensor: ids + eos, right-padded."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nmt.config import CHOICES
 from nmt.errors import UsageError
+from nmt.metrics.table import VALIDATION_METRICS as METRICS
 from nmt.options import option
+from nmt.search.config import PRESET_FIELDS, SearchConfig
 
-METRICS = ("loss", "bleu", "chrf", "bracket-f1")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 DEFAULT_ARCH = "transformer_base"   # --arch when neither it nor --init-from is given
@@ -154,10 +156,16 @@ class TrainConfig:
     valid_bleu: bool = option(False, "Also report BLEU and chrF of the decoded validation split "
                               "at each validation (implied by --best-checkpoint-metric "
                               "bleu/chrf).")
+    # Validation decoding: one --valid-<field> option per SearchConfig field that defaults to
+    # the preset (search.config.PRESET_FIELDS); valid_search builds the SearchConfig from them.
     valid_beam: int | None = option(None, "Beam size of validation decoding [default: the "
                                     "preset's, as nmt-generate].")
     valid_lenpen: float | None = option(None, "Length penalty of validation decoding "
                                         "[default: the preset's].")
+    valid_lenpen_formula: str | None = option(
+        None, "Length penalty formula of validation decoding, as nmt-generate's "
+        "--lenpen-formula [default: the preset's].", choices=CHOICES["lenpen_formula"],
+        show_default=False)
     valid_max_len_a: float | None = option(None, "Validation output length limit a * source "
                                            "+ b, a [default: the preset's].")
     valid_max_len_b: int | None = option(None, "... and b [default: the preset's].")
@@ -191,7 +199,16 @@ class TrainConfig:
     def metric_needs_decoding(self) -> bool:
         return self.best_checkpoint_metric != "loss" or self.valid_bleu
 
+    @property
+    def valid_search(self) -> SearchConfig:
+        """Validation decoding: each field of SearchConfig that defaults to the model's preset
+        from its --valid-<field> option (unset: the preset's, once resolved, as nmt-generate)."""
+        return SearchConfig(**{name: getattr(self, f"valid_{name}") for name in PRESET_FIELDS})
+
     def check(self) -> None:
+        """Every option of the run, checked once: here (nmt-train checks the machine part
+        before it reads any data; ``train`` checks the whole when the run starts)."""
+        self.check_machine()
         for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
@@ -217,8 +234,24 @@ class TrainConfig:
             raise UsageError(f"--best-checkpoint-metric must be one of {', '.join(METRICS)}")
         if self.valid_beam is not None and self.valid_beam < 1:
             raise UsageError("--valid-beam must be >= 1")
+        self.valid_search    # builds it: the other --valid-* values meet SearchConfig's checks
         if self.init_from == "":
             raise UsageError("--init-from needs a checkpoint path")
+
+    def check_machine(self) -> None:
+        """--precision, --arch with its -o overrides, and --device: a run that cannot start on
+        this machine fails before any data is read (int8 decodes only; bf16/fp16 need CUDA)."""
+        from nmt.registry import get_arch
+        from nmt.runtime import check_precision, check_training_precision, resolve_device
+
+        check_training_precision(self.precision)
+        # With --init-from the model configuration comes from the checkpoint, checked when it
+        # is read; a --arch given with it must still name a preset.
+        if self.init_from is None:
+            get_arch(self.arch_name, self.overrides)
+        elif self.arch is not None:
+            get_arch(self.arch)
+        check_precision(self.precision, resolve_device(self.device), training=True)
 
     def _check_schedule(self) -> None:
         if self.lr is not None and not self.lr > 0:

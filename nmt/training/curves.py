@@ -10,10 +10,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nmt.metrics.table import DECODED_LOG_KEYS
+
 log = logging.getLogger("nmt.train")
 
 # Decoding scores of validation records (nmt.training.validate) and their legend labels.
-DECODING_METRICS = {"bleu": "BLEU", "chrf": "chrF", "bracket_f1": "bracket F1"}
+DECODING_METRICS = DECODED_LOG_KEYS
 
 
 def decoding_log_suffix(stats: dict) -> str:

@@ -262,10 +262,7 @@ class Run:
 
     def search_config(self) -> SearchConfig:
         """Validation decoding: the --valid-* options, else the preset's (as nmt-generate)."""
-        cfg = self.cfg
-        return SearchConfig(beam=cfg.valid_beam, lenpen=cfg.valid_lenpen,
-                            max_len_a=cfg.valid_max_len_a,
-                            max_len_b=cfg.valid_max_len_b).resolve(self.model_cfg)
+        return self.cfg.valid_search.resolve(self.model_cfg)
 
     # --- checkpoints: saving, resuming (their training half: nmt.training.resume) -----------------
     def save(self, valid: dict[str, Any] | None, is_best: bool = False) -> Path | None:

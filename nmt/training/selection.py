@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nmt.metrics.table import TABLE
+
 # metric -> key in the validation statistics, and whether higher is better
-METRIC_KEYS = {"loss": ("loss", False), "bleu": ("bleu", True), "chrf": ("chrf", True),
-               "bracket-f1": ("bracket_f1", True)}
+METRIC_KEYS = {m.name: (m.log_key, m.higher_is_better) for m in TABLE if m.log_key is not None}
 
 
 class Selection:

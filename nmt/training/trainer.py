@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from nmt.data.batching import BOS, Batch, dummy_batch
-from nmt.runtime import check_precision
+from nmt.runtime import precision_dtype
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss
 from nmt.training.optim import LRSchedule, ScheduleSpec, make_optimizer
@@ -50,7 +50,7 @@ class Trainer:
                  dist_info: DistInfo | None = None, pad_idx: int = 0):
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
-        dtype = check_precision(precision, self.device, training=True)  # bf16/fp16: CUDA
+        dtype = precision_dtype(precision)   # that it can train here: TrainConfig.check
         self.precision = precision
         self.model = model.to(self.device)
         self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx)
