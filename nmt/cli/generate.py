@@ -9,7 +9,6 @@ module reads, writes and reports progress.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -26,20 +25,6 @@ from nmt.errors import UsageError
 from nmt.io import LineWriter, atomic_write
 
 log = logging.getLogger("nmt.generate")
-
-CHUNK_LINES = 10000      # an --input file is translated in chunks of this many lines
-
-
-def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) >= n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
 
 @contextmanager
 def open_output(path: str | None) -> Iterator[LineWriter]:
@@ -225,50 +210,19 @@ class _Writer:
 
 
 def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None:
-    """Raw lines (text or jsonl requests) from a file (read and checked first, so that bad
-    input writes nothing) or stdin (streamed: see nmt.io.stream_batches)."""
-    from nmt.io import iter_lines, read_lines, stream_batches
+    """Raw lines (text or jsonl requests) from --input or stdin, a chunk at a time
+    (nmt.cli.generate_input)."""
+    from nmt.cli.generate_input import input_chunks
 
-    jsonl = cfg.input_format == "jsonl"
-    if cfg.input_path is not None and cfg.input_path != "-":
-        items: list = read_lines(cfg.input_path)        # UTF-8 checked before any work
-        if jsonl:                                       # every request checked before output
-            from nmt.search.requests import parse_requests
-
-            items = parse_requests(items, 1, cfg.input_path)
-        chunks, total = _chunks(iter(items), CHUNK_LINES), len(items)
-    else:
-        # What has arrived, up to --buffer-size lines, as soon as no more input is pending:
-        # a caller writing one line and waiting for it gets its answer; a file piped in
-        # still fills whole batches.
-        try:
-            fd: int | None = sys.stdin.fileno()
-        except (AttributeError, OSError, ValueError):   # an in-memory stdin (tests, notebooks)
-            fd = None
-        chunks = (stream_batches(fd, cfg.buffer_size) if fd is not None
-                  else _chunks(iter_lines(None), cfg.buffer_size))
-        if jsonl:
-            chunks = _parsed(chunks, "<stdin>")
-        total = None
+    chunks, total = input_chunks(cfg)
     with _Progress(total, quiet) as progress:
         first = 1
-        for chunk in chunks:
-            if jsonl or cfg.print_alignment:
+        for chunk, _ in chunks:
+            if cfg.input_format == "jsonl" or cfg.print_alignment:
                 emit(*translate_chunk(translator, cfg, chunk, first, progress))
             else:
                 emit(translator.translate_results(chunk, progress=progress, first_line=first))
             first += len(chunk)
-
-
-def _parsed(chunks: Iterator[list[str]], name: str) -> Iterator[list]:
-    """Chunks of raw jsonl lines as chunks of requests (nmt.search.requests), line numbers
-    counted across chunks."""
-    from nmt.search.requests import parse_requests
-
-    first = 1
-    for chunk in chunks:
-        yield parse_requests(chunk, first, name)
-        first += len(chunk)
 
 
 if __name__ == "__main__":
