@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import click
 
@@ -43,8 +43,9 @@ def open_output(path: str | None) -> Iterator[LineWriter]:
 class _Progress:
     """A rich bar on stderr (drawn only on a terminal) showing sentences/s."""
 
-    def __init__(self, total: int | None, quiet: bool):
+    def __init__(self, total: int | None, quiet: bool, done_before: int = 0):
         self.done = 0
+        self.done_before = done_before
         self.start = time.perf_counter()
         self.bar = None if quiet else make_progress()
         self.task = None
@@ -53,7 +54,8 @@ class _Progress:
     def __enter__(self):
         if self.bar is not None:
             self.bar.start()
-            self.task = self.bar.add_task("translating", total=self.total, rate="")
+            self.task = self.bar.add_task("translating", total=self.total, rate="",
+                                          completed=self.done_before)
         return self
 
     def __call__(self, n: int) -> None:
@@ -72,9 +74,12 @@ class _Progress:
                                  "max_content_width": 100})
 @click.argument("checkpoints", nargs=-1, type=click.Path())
 @config_options(GenerateConfig)
+@click.option("--overwrite", is_flag=True,
+              help="--output with an --input file: start afresh instead of resuming what an "
+                   "interrupted run left (OUTPUT.nmt-partial and OUTPUT.nmt-progress.json).")
 @runtime_options
 @handle_errors("nmt-generate")
-def main(checkpoints, device, precision, threads, verbose, quiet, **options):
+def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, **options):
     """Translate with CHECKPOINT (several: an ensemble averaging their probabilities).
 
     Reads raw sentences (--input or stdin), writes detokenized translations to stdout (or
@@ -91,9 +96,16 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
       nmt-generate ckpt/checkpoint_best.pt < test.en > test.hyp
       nmt-generate a.pt b.pt c.pt -i test.en --output-format jsonl > test.jsonl
 
+    --output with an --input file is resumable: after a kill, a SIGTERM, a reboot or a full
+    disk, the same command continues after the last complete chunk (--buffer-size lines) and
+    the finished file is byte-identical to an uninterrupted run's. A rerun with another
+    checkpoint, input or decoding option is refused (--overwrite starts afresh). stdin cannot
+    be resumed: a rerun reading stdin starts over.
+
     SIGINT (Ctrl-C) or SIGTERM stop it, after the lines being written if any (the output
-    ends with whole lines, those of an uninterrupted run; --output is not written), with exit
-    code 130 or 143; a second signal stops at once.
+    ends with whole lines, those of an uninterrupted run; --output: kept for a rerun to
+    resume when it can, else not written), with exit code 130 or 143; a second signal stops
+    at once.
     """
     setup_runtime(verbose, quiet, threads)
     cfg: GenerateConfig = build_config(GenerateConfig, options)
@@ -109,13 +121,15 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
         if cfg.input_path == "-":
             raise UsageError("with no CHECKPOINT, stdin holds the checkpoint path; give the "
                              "sentences with --input FILE")
-        sources: Sequence = [load_checkpoint(_checkpoint_from_stdin())]
+        paths = [_checkpoint_from_stdin()]
+        sources: Sequence = [load_checkpoint(paths[0])]
     else:
-        sources = list(checkpoints)
+        paths = sources = list(checkpoints)
     split = cfg.split or ("test" if pipeline and cfg.input_path is None else None)
     if split is not None and (cfg.input_format != "text" or cfg.score_reference):
         raise UsageError("--input-format jsonl and --score-reference read --input or stdin, "
                          "not a --split")
+    resumable = _resumable(cfg, split, paths, device, precision, overwrite)
     translator = Translator.from_checkpoint(
         sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
         sampling=cfg.sampling_config if cfg.sampling else None,
@@ -126,9 +140,10 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     writer = _Writer(cfg.output_format, cfg.nbest)
     with stop_on_signals():
         try:
-            _generate(translator, cfg, sources, split, writer, quiet)
+            _generate(translator, cfg, sources, split, writer, quiet, resumable)
         except Interrupted as e:
-            done = (f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
+            done = (resumable.stopped() if resumable is not None
+                    else f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
                     else f"the output holds the first {writer.sentences} lines' translations")
             raise Interrupted(e.signum, done) from None
     elapsed = time.perf_counter() - start
@@ -137,9 +152,30 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
              writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
 
 
+def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str],
+               device: str, precision: str, overwrite: bool):
+    """The resumable output (nmt.cli.generate_resume) of a run that can have one: --output
+    FILE, translating an --input that is a regular file; else None. Refuses a rerun that
+    differs from the interrupted one before anything is loaded."""
+    from nmt.io import is_regular_file
+
+    if (cfg.output_path in (None, "-") or split is not None or cfg.score_reference
+            or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)):
+        return None
+    from nmt.cli.generate_resume import ResumableOutput, run_identity
+
+    return ResumableOutput(cfg.output_path, run_identity(checkpoints, cfg, device, precision),
+                           overwrite)
+
+
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,
-              writer: "_Writer", quiet: bool) -> None:
+              writer: "_Writer", quiet: bool, resumable=None) -> None:
     """Translate (or score) what ``cfg`` says into ``writer``'s output."""
+    if resumable is not None:
+        with resumable as out:
+            writer.out, writer.commit = out.writer, out.commit
+            _translate_lines(translator, cfg, writer, quiet, out.start_line, out.start_byte)
+        return
     with open_output(cfg.output_path) as out:
         writer.out = out
         if cfg.score_reference:
@@ -194,34 +230,45 @@ class _Writer:
     def __init__(self, output_format: str, nbest: int):
         self.output_format, self.nbest = output_format, nbest
         self.out: LineWriter | None = None
+        # A resumable output's commit(lines, input_bytes), called after each chunk's write.
+        self.commit: Callable[[int, int], None] | None = None
         self.sentences = self.tokens = 0
 
-    def __call__(self, results, texts: list[str] | None = None) -> None:
+    def __call__(self, results, texts: list[str] | None = None,
+                 done: tuple[int, int | None] | None = None) -> None:
+        """``done``: (input lines, input bytes) that these results complete."""
         if texts is None:
             texts = [format_result(r, self.output_format, self.nbest) for r in results]
-        self.write("".join(t + "\n" for t in texts), len(results))
+        self.write("".join(t + "\n" for t in texts), len(results), done)
         self.tokens += sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses)
 
-    def write(self, text: str, sentences: int) -> None:
+    def write(self, text: str, sentences: int,
+              done: tuple[int, int | None] | None = None) -> None:
         with signals_deferred():
             self.out.write_text(text)
             self.out.flush()
             self.sentences += sentences
+            if self.commit is not None and done is not None and done[1] is not None:
+                self.commit(*done)
 
 
-def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None:
+def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool,
+                     start_line: int = 1, start_byte: int = 0) -> None:
     """Raw lines (text or jsonl requests) from --input or stdin, a chunk at a time
-    (nmt.cli.generate_input)."""
+    (nmt.cli.generate_input), from ``start_line`` (at ``start_byte``) of an --input file."""
     from nmt.cli.generate_input import input_chunks
 
-    chunks, total = input_chunks(cfg)
-    with _Progress(total, quiet) as progress:
-        first = 1
-        for chunk, _ in chunks:
+    chunks, total = input_chunks(cfg, start_line, start_byte)
+    with _Progress(total, quiet, start_line - 1) as progress:
+        first = start_line
+        for chunk, offset in chunks:
+            done = (first + len(chunk) - 1, offset)
             if cfg.input_format == "jsonl" or cfg.print_alignment:
-                emit(*translate_chunk(translator, cfg, chunk, first, progress))
+                results, texts = translate_chunk(translator, cfg, chunk, first, progress)
+                emit(results, texts, done)
             else:
-                emit(translator.translate_results(chunk, progress=progress, first_line=first))
+                emit(translator.translate_results(chunk, progress=progress, first_line=first),
+                     done=done)
             first += len(chunk)
 
 
