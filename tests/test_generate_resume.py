@@ -125,8 +125,7 @@ def test_a_rerun_that_differs_is_refused_and_overwrite_starts_afresh(f, tmp_path
     moved.write_bytes(open(f["in"], "rb").read())
     for extra, named in [(("--beam", "2"), "with --beam unset (now 2)"),
                          (("--sampling",), "with no --sampling (now --sampling)"),
-                         (("--buffer-size", "10"), "with --buffer-size 20 (now 10)"),
-                         (("--output-format", "jsonl"), "with --output-format text (now jsonl)")]:
+                         (("--buffer-size", "10"), "with --buffer-size 20 (now 10)")]:
         r = _run(f, out, *extra, ok=False)
         error_line("nmt-generate", r.returncode, r.stderr, named, "rerun that command to "
                    "resume it, or add --overwrite to start afresh")

@@ -19,7 +19,8 @@ from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
                             read_path_from_stdin, setup_runtime, signals_deferred,
                             stop_on_signals)
 from nmt.cli.generate_config import GenerateConfig
-from nmt.cli.generate_modes import format_result, score_reference, translate_chunk
+from nmt.cli.generate_modes import (build_translator, format_result, score_reference,
+                                   translate_chunk)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError
 from nmt.io import LineWriter, atomic_write
@@ -74,12 +75,17 @@ class _Progress:
                                  "max_content_width": 100})
 @click.argument("checkpoints", nargs=-1, type=click.Path())
 @config_options(GenerateConfig)
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Decoding processes on this machine, each with its own model and "
+                   "--threads // N threads; chunk i of --buffer-size lines goes to worker "
+                   "i mod N, and the output is the one-process output, in input order.")
 @click.option("--overwrite", is_flag=True,
               help="--output with an --input file: start afresh instead of resuming what an "
                    "interrupted run left (OUTPUT.nmt-partial and OUTPUT.nmt-progress.json).")
 @runtime_options
 @handle_errors("nmt-generate")
-def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, **options):
+def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, workers,
+         **options):
     """Translate with CHECKPOINT (several: an ensemble averaging their probabilities).
 
     Reads raw sentences (--input or stdin), writes detokenized translations to stdout (or
@@ -109,9 +115,45 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, **o
     """
     setup_runtime(verbose, quiet, threads)
     cfg: GenerateConfig = build_config(GenerateConfig, options)
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    paths, sources, split = _sources(checkpoints, cfg)
+    if workers > 1 and (split is not None or cfg.score_reference):
+        raise UsageError("--workers translates --input or stdin, not a --split or "
+                         "--score-reference")
+    resumable = _resumable(cfg, split, paths, device, precision, overwrite)
+    if workers > 1:
+        from nmt.cli.generate_workers import WorkerSpec, worker_threads
 
+        translator = None
+        pool = (workers, WorkerSpec(paths, cfg, device, precision,
+                                    worker_threads(threads, workers), verbose, quiet))
+        log.info("%d workers x %d thread(s)", workers, pool[1].threads)
+    else:
+        translator, pool = build_translator(sources, cfg, device, precision), None
+        _log_decoding(translator, cfg, precision)
+
+    start = time.perf_counter()
+    writer = _Writer(cfg.output_format, cfg.nbest)
+    with stop_on_signals():
+        try:
+            _generate(translator, cfg, sources, split, writer, quiet, resumable, pool)
+        except Interrupted as e:
+            done = (resumable.stopped() if resumable is not None
+                    else f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
+                    else f"the output holds the first {writer.sentences} lines' translations")
+            raise Interrupted(e.signum, done) from None
+    elapsed = time.perf_counter() - start
+    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
+             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
+             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
+
+
+def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
+             ) -> tuple[list[str], Sequence, str | None]:
+    """The checkpoint paths, what to load them from (paths, or the checkpoint that pipeline
+    mode has read), and the split to translate (None: --input or stdin)."""
     from nmt.checkpoint import load_checkpoint
-    from nmt.search.translator import Translator
 
     pipeline = not checkpoints
     if cfg.split is not None and cfg.input_path is not None:
@@ -129,27 +171,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, **o
     if split is not None and (cfg.input_format != "text" or cfg.score_reference):
         raise UsageError("--input-format jsonl and --score-reference read --input or stdin, "
                          "not a --split")
-    resumable = _resumable(cfg, split, paths, device, precision, overwrite)
-    translator = Translator.from_checkpoint(
-        sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
-        sampling=cfg.sampling_config if cfg.sampling else None,
-        tree_constraints=cfg.tree_constraints)
-    _log_decoding(translator, cfg, precision)
-
-    start = time.perf_counter()
-    writer = _Writer(cfg.output_format, cfg.nbest)
-    with stop_on_signals():
-        try:
-            _generate(translator, cfg, sources, split, writer, quiet, resumable)
-        except Interrupted as e:
-            done = (resumable.stopped() if resumable is not None
-                    else f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
-                    else f"the output holds the first {writer.sentences} lines' translations")
-            raise Interrupted(e.signum, done) from None
-    elapsed = time.perf_counter() - start
-    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
-             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
-             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
+    return paths, sources, split
 
 
 def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str],
@@ -169,12 +191,14 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
 
 
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,
-              writer: "_Writer", quiet: bool, resumable=None) -> None:
-    """Translate (or score) what ``cfg`` says into ``writer``'s output."""
+              writer: "_Writer", quiet: bool, resumable=None, pool=None) -> None:
+    """Translate (or score) what ``cfg`` says into ``writer``'s output, with ``translator``
+    or, for --workers, a pool of (workers, nmt.cli.generate_workers.WorkerSpec)."""
     if resumable is not None:
         with resumable as out:
             writer.out, writer.commit = out.writer, out.commit
-            _translate_lines(translator, cfg, writer, quiet, out.start_line, out.start_byte)
+            _translate_lines(translator, cfg, writer, quiet, out.start_line, out.start_byte,
+                             pool)
         return
     with open_output(cfg.output_path) as out:
         writer.out = out
@@ -190,7 +214,7 @@ def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | N
             with _Progress(len(ids), quiet) as progress:
                 writer(translator.translate_ids(ids, sources=texts, progress=progress))
         else:
-            _translate_lines(translator, cfg, writer, quiet)
+            _translate_lines(translator, cfg, writer, quiet, pool=pool)
 
 
 def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> None:
@@ -239,8 +263,13 @@ class _Writer:
         """``done``: (input lines, input bytes) that these results complete."""
         if texts is None:
             texts = [format_result(r, self.output_format, self.nbest) for r in results]
-        self.write("".join(t + "\n" for t in texts), len(results), done)
-        self.tokens += sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses)
+        self.write_texts(texts, len(results),
+                         sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses), done)
+
+    def write_texts(self, texts: list[str], sentences: int, tokens: int,
+                    done: tuple[int, int | None] | None = None) -> None:
+        self.write("".join(t + "\n" for t in texts), sentences, done)
+        self.tokens += tokens
 
     def write(self, text: str, sentences: int,
               done: tuple[int, int | None] | None = None) -> None:
@@ -253,22 +282,26 @@ class _Writer:
 
 
 def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool,
-                     start_line: int = 1, start_byte: int = 0) -> None:
+                     start_line: int = 1, start_byte: int = 0, pool=None) -> None:
     """Raw lines (text or jsonl requests) from --input or stdin, a chunk at a time
-    (nmt.cli.generate_input), from ``start_line`` (at ``start_byte``) of an --input file."""
+    (nmt.cli.generate_input), from ``start_line`` (at ``start_byte``) of an --input file;
+    by ``translator``, or by the workers of ``pool`` (see _generate)."""
     from nmt.cli.generate_input import input_chunks
 
     chunks, total = input_chunks(cfg, start_line, start_byte)
     with _Progress(total, quiet, start_line - 1) as progress:
+        if pool is not None:
+            from nmt.cli.generate_workers import WorkerPool
+
+            with WorkerPool(*pool) as workers:
+                for texts, lines, tokens, done in workers.translate(chunks, start_line,
+                                                                    progress):
+                    emit.write_texts(texts, lines, tokens, done)
+            return
         first = start_line
         for chunk, offset in chunks:
-            done = (first + len(chunk) - 1, offset)
-            if cfg.input_format == "jsonl" or cfg.print_alignment:
-                results, texts = translate_chunk(translator, cfg, chunk, first, progress)
-                emit(results, texts, done)
-            else:
-                emit(translator.translate_results(chunk, progress=progress, first_line=first),
-                     done=done)
+            results, texts = translate_chunk(translator, cfg, chunk, first, progress)
+            emit(results, texts, (first + len(chunk) - 1, offset))
             first += len(chunk)
 
 
