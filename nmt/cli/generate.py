@@ -42,10 +42,12 @@ def open_output(path: str | None) -> Iterator[LineWriter]:
 
 
 class _Progress:
-    """A rich bar on stderr (drawn only on a terminal) showing sentences/s."""
+    """A rich bar on stderr (drawn only on a terminal; none under -q) showing lines/s, target
+    tokens/s (once a chunk is written: ``tokens``) and the time left when the total is
+    known (an --input file)."""
 
     def __init__(self, total: int | None, quiet: bool, done_before: int = 0):
-        self.done = 0
+        self.done = self.tokens = 0
         self.done_before = done_before
         self.start = time.perf_counter()
         self.bar = None if quiet else make_progress()
@@ -62,8 +64,11 @@ class _Progress:
     def __call__(self, n: int) -> None:
         self.done += n
         if self.bar is not None:
-            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-            self.bar.update(self.task, advance=n, rate=f"{rate:.1f} sent/s")
+            elapsed = max(time.perf_counter() - self.start, 1e-9)
+            rate = f"{self.done / elapsed:.1f} lines/s"
+            if self.tokens:
+                rate += f", {self.tokens / elapsed:.0f} tokens/s"
+            self.bar.update(self.task, advance=n, rate=rate)
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -297,11 +302,13 @@ def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool
                 for texts, lines, tokens, done in workers.translate(chunks, start_line,
                                                                     progress):
                     emit.write_texts(texts, lines, tokens, done)
+                    progress.tokens = emit.tokens
             return
         first = start_line
         for chunk, offset in chunks:
             results, texts = translate_chunk(translator, cfg, chunk, first, progress)
             emit(results, texts, (first + len(chunk) - 1, offset))
+            progress.tokens = emit.tokens
             first += len(chunk)
 
 
