@@ -83,6 +83,44 @@ def stream_batches(fd: int, max_lines: int, name: str = "<stdin>",
             return
 
 
+def iter_line_chunks(path: str | os.PathLike, max_lines: int, start: int = 0,
+                     first_line: int = 1, name: str | None = None
+                     ) -> Iterator[tuple[list[str], int]]:
+    """The lines of a UTF-8 file from byte offset ``start`` (a line start; ``first_line`` is
+    its 1-based number, for errors), ``max_lines`` at a time, each chunk with the byte offset
+    just past it: memory holds one chunk whatever the file's size, and a caller that records
+    the offset can continue there later (nmt-generate --output resumes so)."""
+    p = check_readable(path, name=name)
+    label = name or str(p)
+    try:
+        f = open(p, "rb")
+    except OSError as e:
+        raise NmtError(f"{label}: cannot read ({e.strerror})") from None
+    with f:
+        f.seek(start)
+        offset, lineno, chunk = start, first_line, []
+        for raw in f:
+            chunk.append(_decode_line(raw, label, lineno))
+            offset += len(raw)
+            lineno += 1
+            if len(chunk) >= max_lines:
+                yield chunk, offset
+                chunk = []
+        if chunk:
+            yield chunk, offset
+
+
+def is_regular_file(path: str | os.PathLike) -> bool:
+    """True for a regular file (one that can be read twice and seeked: not a pipe, a
+    terminal, /dev/stdin or a process substitution)."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def read_lines(path: str | os.PathLike | None, name: str | None = None) -> list[str]:
     return list(iter_lines(path, name))
 

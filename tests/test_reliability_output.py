@@ -146,16 +146,16 @@ def test_jsonl_ids_count_lines_across_stdin_batches(f):
 
 
 @pytest.mark.parametrize("input_format", ["text", "jsonl"])
-def test_jsonl_ids_count_lines_across_chunks_of_a_file(f, tmp_path, monkeypatch, input_format):
+def test_jsonl_ids_count_lines_across_chunks_of_a_file(f, tmp_path, input_format):
     import nmt.cli.generate as generate
 
-    monkeypatch.setattr(generate, "CHUNK_LINES", 4)
     lines = f["lines"][:11]
     src = tmp_path / "in"
     src.write_text("".join((json.dumps({"source": x}) if input_format == "jsonl" else x) + "\n"
                            for x in lines))
     res = CliRunner().invoke(generate.main, ["-q", f["ckpt"], "-i", str(src), "--input-format",
-                                             input_format, "--output-format", "jsonl"])
+                                             input_format, "--output-format", "jsonl",
+                                             "--buffer-size", "4"])
     assert res.exit_code == 0, (res.output, res.exception)
     _check_ids(f, res.stdout.splitlines(), lines)
 

@@ -9,10 +9,9 @@ module reads, writes and reports progress.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import click
 
@@ -20,26 +19,13 @@ from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
                             read_path_from_stdin, setup_runtime, signals_deferred,
                             stop_on_signals)
 from nmt.cli.generate_config import GenerateConfig
-from nmt.cli.generate_modes import format_result, score_reference, translate_chunk
+from nmt.cli.generate_modes import (build_translator, format_result, score_reference,
+                                   translate_chunk)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError
 from nmt.io import LineWriter, atomic_write
 
 log = logging.getLogger("nmt.generate")
-
-CHUNK_LINES = 10000      # an --input file is translated in chunks of this many lines
-
-
-def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) >= n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
 
 @contextmanager
 def open_output(path: str | None) -> Iterator[LineWriter]:
@@ -56,10 +42,13 @@ def open_output(path: str | None) -> Iterator[LineWriter]:
 
 
 class _Progress:
-    """A rich bar on stderr (drawn only on a terminal) showing sentences/s."""
+    """A rich bar on stderr (drawn only on a terminal; none under -q) showing lines/s, target
+    tokens/s (once a chunk is written: ``tokens``) and the time left when the total is
+    known (an --input file)."""
 
-    def __init__(self, total: int | None, quiet: bool):
-        self.done = 0
+    def __init__(self, total: int | None, quiet: bool, done_before: int = 0):
+        self.done = self.tokens = 0
+        self.done_before = done_before
         self.start = time.perf_counter()
         self.bar = None if quiet else make_progress()
         self.task = None
@@ -68,14 +57,18 @@ class _Progress:
     def __enter__(self):
         if self.bar is not None:
             self.bar.start()
-            self.task = self.bar.add_task("translating", total=self.total, rate="")
+            self.task = self.bar.add_task("translating", total=self.total, rate="",
+                                          completed=self.done_before)
         return self
 
     def __call__(self, n: int) -> None:
         self.done += n
         if self.bar is not None:
-            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-            self.bar.update(self.task, advance=n, rate=f"{rate:.1f} sent/s")
+            elapsed = max(time.perf_counter() - self.start, 1e-9)
+            rate = f"{self.done / elapsed:.1f} lines/s"
+            if self.tokens:
+                rate += f", {self.tokens / elapsed:.0f} tokens/s"
+            self.bar.update(self.task, advance=n, rate=rate)
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -87,9 +80,17 @@ class _Progress:
                                  "max_content_width": 100})
 @click.argument("checkpoints", nargs=-1, type=click.Path())
 @config_options(GenerateConfig)
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Decoding processes on this machine, each with its own model and "
+                   "--threads // N threads; chunk i of --buffer-size lines goes to worker "
+                   "i mod N, and the output is the one-process output, in input order.")
+@click.option("--overwrite", is_flag=True,
+              help="--output with an --input file: start afresh instead of resuming what an "
+                   "interrupted run left (OUTPUT.nmt-partial and OUTPUT.nmt-progress.json).")
 @runtime_options
 @handle_errors("nmt-generate")
-def main(checkpoints, device, precision, threads, verbose, quiet, **options):
+def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, workers,
+         **options):
     """Translate with CHECKPOINT (several: an ensemble averaging their probabilities).
 
     Reads raw sentences (--input or stdin), writes detokenized translations to stdout (or
@@ -106,15 +107,58 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
       nmt-generate ckpt/checkpoint_best.pt < test.en > test.hyp
       nmt-generate a.pt b.pt c.pt -i test.en --output-format jsonl > test.jsonl
 
+    --output with an --input file is resumable: after a kill, a SIGTERM, a reboot or a full
+    disk, the same command continues after the last complete chunk (--buffer-size lines) and
+    the finished file is byte-identical to an uninterrupted run's. A rerun with another
+    checkpoint, input or decoding option is refused (--overwrite starts afresh). stdin cannot
+    be resumed: a rerun reading stdin starts over.
+
     SIGINT (Ctrl-C) or SIGTERM stop it, after the lines being written if any (the output
-    ends with whole lines, those of an uninterrupted run; --output is not written), with exit
-    code 130 or 143; a second signal stops at once.
+    ends with whole lines, those of an uninterrupted run; --output: kept for a rerun to
+    resume when it can, else not written), with exit code 130 or 143; a second signal stops
+    at once.
     """
     setup_runtime(verbose, quiet, threads)
     cfg: GenerateConfig = build_config(GenerateConfig, options)
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    paths, sources, split = _sources(checkpoints, cfg)
+    if workers > 1 and (split is not None or cfg.score_reference):
+        raise UsageError("--workers translates --input or stdin, not a --split or "
+                         "--score-reference")
+    resumable = _resumable(cfg, split, paths, device, precision, overwrite)
+    if workers > 1:
+        from nmt.cli.generate_workers import WorkerSpec, worker_threads
 
+        translator = None
+        pool = (workers, WorkerSpec(paths, cfg, device, precision,
+                                    worker_threads(threads, workers), verbose, quiet))
+        log.info("%d workers x %d thread(s)", workers, pool[1].threads)
+    else:
+        translator, pool = build_translator(sources, cfg, device, precision), None
+        _log_decoding(translator, cfg, precision)
+
+    start = time.perf_counter()
+    writer = _Writer(cfg.output_format, cfg.nbest)
+    with stop_on_signals():
+        try:
+            _generate(translator, cfg, sources, split, writer, quiet, resumable, pool)
+        except Interrupted as e:
+            done = (resumable.stopped() if resumable is not None
+                    else f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
+                    else f"the output holds the first {writer.sentences} lines' translations")
+            raise Interrupted(e.signum, done) from None
+    elapsed = time.perf_counter() - start
+    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
+             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
+             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
+
+
+def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
+             ) -> tuple[list[str], Sequence, str | None]:
+    """The checkpoint paths, what to load them from (paths, or the checkpoint that pipeline
+    mode has read), and the split to translate (None: --input or stdin)."""
     from nmt.checkpoint import load_checkpoint
-    from nmt.search.translator import Translator
 
     pipeline = not checkpoints
     if cfg.split is not None and cfg.input_path is not None:
@@ -124,37 +168,43 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
         if cfg.input_path == "-":
             raise UsageError("with no CHECKPOINT, stdin holds the checkpoint path; give the "
                              "sentences with --input FILE")
-        sources: Sequence = [load_checkpoint(_checkpoint_from_stdin())]
+        paths = [_checkpoint_from_stdin()]
+        sources: Sequence = [load_checkpoint(paths[0])]
     else:
-        sources = list(checkpoints)
+        paths = sources = list(checkpoints)
     split = cfg.split or ("test" if pipeline and cfg.input_path is None else None)
     if split is not None and (cfg.input_format != "text" or cfg.score_reference):
         raise UsageError("--input-format jsonl and --score-reference read --input or stdin, "
                          "not a --split")
-    translator = Translator.from_checkpoint(
-        sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
-        sampling=cfg.sampling_config if cfg.sampling else None,
-        tree_constraints=cfg.tree_constraints)
-    _log_decoding(translator, cfg, precision)
+    return paths, sources, split
 
-    start = time.perf_counter()
-    writer = _Writer(cfg.output_format, cfg.nbest)
-    with stop_on_signals():
-        try:
-            _generate(translator, cfg, sources, split, writer, quiet)
-        except Interrupted as e:
-            done = (f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
-                    else f"the output holds the first {writer.sentences} lines' translations")
-            raise Interrupted(e.signum, done) from None
-    elapsed = time.perf_counter() - start
-    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
-             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
-             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
+
+def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str],
+               device: str, precision: str, overwrite: bool):
+    """The resumable output (nmt.cli.generate_resume) of a run that can have one: --output
+    FILE, translating an --input that is a regular file; else None. Refuses a rerun that
+    differs from the interrupted one before anything is loaded."""
+    from nmt.io import is_regular_file
+
+    if (cfg.output_path in (None, "-") or split is not None or cfg.score_reference
+            or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)):
+        return None
+    from nmt.cli.generate_resume import ResumableOutput, run_identity
+
+    return ResumableOutput(cfg.output_path, run_identity(checkpoints, cfg, device, precision),
+                           overwrite)
 
 
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,
-              writer: "_Writer", quiet: bool) -> None:
-    """Translate (or score) what ``cfg`` says into ``writer``'s output."""
+              writer: "_Writer", quiet: bool, resumable=None, pool=None) -> None:
+    """Translate (or score) what ``cfg`` says into ``writer``'s output, with ``translator``
+    or, for --workers, a pool of (workers, nmt.cli.generate_workers.WorkerSpec)."""
+    if resumable is not None:
+        with resumable as out:
+            writer.out, writer.commit = out.writer, out.commit
+            _translate_lines(translator, cfg, writer, quiet, out.start_line, out.start_byte,
+                             pool)
+        return
     with open_output(cfg.output_path) as out:
         writer.out = out
         if cfg.score_reference:
@@ -169,7 +219,7 @@ def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | N
             with _Progress(len(ids), quiet) as progress:
                 writer(translator.translate_ids(ids, sources=texts, progress=progress))
         else:
-            _translate_lines(translator, cfg, writer, quiet)
+            _translate_lines(translator, cfg, writer, quiet, pool=pool)
 
 
 def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> None:
@@ -209,66 +259,57 @@ class _Writer:
     def __init__(self, output_format: str, nbest: int):
         self.output_format, self.nbest = output_format, nbest
         self.out: LineWriter | None = None
+        # A resumable output's commit(lines, input_bytes), called after each chunk's write.
+        self.commit: Callable[[int, int], None] | None = None
         self.sentences = self.tokens = 0
 
-    def __call__(self, results, texts: list[str] | None = None) -> None:
+    def __call__(self, results, texts: list[str] | None = None,
+                 done: tuple[int, int | None] | None = None) -> None:
+        """``done``: (input lines, input bytes) that these results complete."""
         if texts is None:
             texts = [format_result(r, self.output_format, self.nbest) for r in results]
-        self.write("".join(t + "\n" for t in texts), len(results))
-        self.tokens += sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses)
+        self.write_texts(texts, len(results),
+                         sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses), done)
 
-    def write(self, text: str, sentences: int) -> None:
+    def write_texts(self, texts: list[str], sentences: int, tokens: int,
+                    done: tuple[int, int | None] | None = None) -> None:
+        self.write("".join(t + "\n" for t in texts), sentences, done)
+        self.tokens += tokens
+
+    def write(self, text: str, sentences: int,
+              done: tuple[int, int | None] | None = None) -> None:
         with signals_deferred():
             self.out.write_text(text)
             self.out.flush()
             self.sentences += sentences
+            if self.commit is not None and done is not None and done[1] is not None:
+                self.commit(*done)
 
 
-def _translate_lines(translator, cfg: GenerateConfig, emit, quiet: bool) -> None:
-    """Raw lines (text or jsonl requests) from a file (read and checked first, so that bad
-    input writes nothing) or stdin (streamed: see nmt.io.stream_batches)."""
-    from nmt.io import iter_lines, read_lines, stream_batches
+def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool,
+                     start_line: int = 1, start_byte: int = 0, pool=None) -> None:
+    """Raw lines (text or jsonl requests) from --input or stdin, a chunk at a time
+    (nmt.cli.generate_input), from ``start_line`` (at ``start_byte``) of an --input file;
+    by ``translator``, or by the workers of ``pool`` (see _generate)."""
+    from nmt.cli.generate_input import input_chunks
 
-    jsonl = cfg.input_format == "jsonl"
-    if cfg.input_path is not None and cfg.input_path != "-":
-        items: list = read_lines(cfg.input_path)        # UTF-8 checked before any work
-        if jsonl:                                       # every request checked before output
-            from nmt.search.requests import parse_requests
+    chunks, total = input_chunks(cfg, start_line, start_byte)
+    with _Progress(total, quiet, start_line - 1) as progress:
+        if pool is not None:
+            from nmt.cli.generate_workers import WorkerPool
 
-            items = parse_requests(items, 1, cfg.input_path)
-        chunks, total = _chunks(iter(items), CHUNK_LINES), len(items)
-    else:
-        # What has arrived, up to --buffer-size lines, as soon as no more input is pending:
-        # a caller writing one line and waiting for it gets its answer; a file piped in
-        # still fills whole batches.
-        try:
-            fd: int | None = sys.stdin.fileno()
-        except (AttributeError, OSError, ValueError):   # an in-memory stdin (tests, notebooks)
-            fd = None
-        chunks = (stream_batches(fd, cfg.buffer_size) if fd is not None
-                  else _chunks(iter_lines(None), cfg.buffer_size))
-        if jsonl:
-            chunks = _parsed(chunks, "<stdin>")
-        total = None
-    with _Progress(total, quiet) as progress:
-        first = 1
-        for chunk in chunks:
-            if jsonl or cfg.print_alignment:
-                emit(*translate_chunk(translator, cfg, chunk, first, progress))
-            else:
-                emit(translator.translate_results(chunk, progress=progress, first_line=first))
+            with WorkerPool(*pool) as workers:
+                for texts, lines, tokens, done in workers.translate(chunks, start_line,
+                                                                    progress):
+                    emit.write_texts(texts, lines, tokens, done)
+                    progress.tokens = emit.tokens
+            return
+        first = start_line
+        for chunk, offset in chunks:
+            results, texts = translate_chunk(translator, cfg, chunk, first, progress)
+            emit(results, texts, (first + len(chunk) - 1, offset))
+            progress.tokens = emit.tokens
             first += len(chunk)
-
-
-def _parsed(chunks: Iterator[list[str]], name: str) -> Iterator[list]:
-    """Chunks of raw jsonl lines as chunks of requests (nmt.search.requests), line numbers
-    counted across chunks."""
-    from nmt.search.requests import parse_requests
-
-    first = 1
-    for chunk in chunks:
-        yield parse_requests(chunk, first, name)
-        first += len(chunk)
 
 
 if __name__ == "__main__":

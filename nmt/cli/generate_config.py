@@ -64,9 +64,10 @@ class GenerateConfig:
                                     "positions).")
     # --- input and output ---
     buffer_size: int = option(
-        10000, "stdin: translate what has arrived, at most this many lines at a time, as soon "
-               "as no more input is pending (a program that writes a line and waits gets its "
-               "translation; a file piped in fills whole batches).")
+        10000, "Translate at most this many lines at a time (memory holds one such chunk, "
+               "whatever the input's size); stdin: what has arrived, as soon as no more input "
+               "is pending (a program that writes a line and waits gets its translation; a "
+               "file piped in fills whole chunks).")
     split: str | None = option(
         None, "Translate this split of the checkpoint's data directory (the one it was trained "
               "on) instead of stdin [default: test when no CHECKPOINT is given, else stdin].",

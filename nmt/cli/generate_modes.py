@@ -26,6 +26,17 @@ def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
+def build_translator(sources: Sequence, cfg: GenerateConfig, device: str, precision: str):
+    """The Translator of ``cfg``'s decoding options over ``sources`` (checkpoint paths or
+    loaded checkpoints)."""
+    from nmt.search.translator import Translator
+
+    return Translator.from_checkpoint(
+        sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
+        sampling=cfg.sampling_config if cfg.sampling else None,
+        tree_constraints=cfg.tree_constraints)
+
+
 def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
                     progress: Callable[[int], None] | None) -> tuple[list, list[str]]:
     """The results and output lines of one chunk of input: raw lines (text input) or
@@ -110,4 +121,4 @@ def _pairs(cfg: GenerateConfig, lines: Sequence[str], name: str
     return list(lines), targets
 
 
-__all__ = ["translate_chunk", "alignments", "score_reference"]
+__all__ = ["build_translator", "translate_chunk", "alignments", "score_reference"]

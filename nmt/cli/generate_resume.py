@@ -1,0 +1,219 @@
+"""nmt-generate --output FILE -i INPUT is resumable: a rerun of the same command after a kill
+-9, a SIGTERM, a reboot or a full disk continues after the last complete chunk of lines, and
+the finished FILE is byte-identical to an uninterrupted run's.
+
+Beside FILE, while it is being written:
+
+- ``FILE.nmt-partial``: the output so far; each chunk's lines are written, then fsynced,
+- ``FILE.nmt-progress.json``: the journal, replaced atomically after that fsync: what the run
+  is (its identity: each checkpoint's and the input's path, size and modification time, and
+  every option that changes the output) and how far it got (input lines and bytes, output
+  bytes). Bytes of the partial file past the journal's count (a chunk cut by the kill) are
+  cut off at the rerun.
+
+The input is translated in chunks that start at the same lines whatever the start
+(nmt.cli.generate_input), and sampling seeds each line by its number, so the lines after a
+resume are those an uninterrupted run writes. At the end FILE.nmt-partial is renamed to FILE
+and the journal removed. A rerun whose identity differs is refused with one line naming the
+difference; --overwrite starts afresh. stdin cannot be resumed (it cannot be read again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+from nmt.cli.generate_config import GenerateConfig
+from nmt.errors import NmtError
+from nmt.io import LineWriter, atomic_write, fsync_dir
+from nmt.options import flag_name
+
+log = logging.getLogger("nmt.generate")
+
+JOURNAL = ".nmt-progress.json"
+PARTIAL = ".nmt-partial"
+VERSION = 1
+# Options that say where the input and output are (recorded as files), not what is written.
+_NOT_IDENTITY = ("input_path", "output_path")
+
+
+def _file_identity(path: str | os.PathLike) -> dict:
+    st = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def run_identity(checkpoints: Sequence[str], cfg: GenerateConfig, device: str,
+                 precision: str) -> dict:
+    """What makes two runs write the same bytes: the checkpoints, the input, the options."""
+    options = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IDENTITY}
+    options.update(device=str(device), precision=precision)
+    return json.loads(json.dumps({
+        "checkpoints": [_file_identity(p) for p in checkpoints],
+        "input": _file_identity(cfg.input_path), "options": options}))
+
+
+def _flag(key: str) -> str:
+    fields = {f.name: f for f in dataclasses.fields(GenerateConfig)}
+    return flag_name(fields[key]) if key in fields else "--" + key.replace("_", "-")
+
+
+def _files(ids: list[dict]) -> str:
+    return ", ".join(i["path"] for i in ids)
+
+
+def _option_change(flag: str, was, now) -> str:
+    """``--beam 1 (now 2)``, ``--beam unset (now 2)``, ``no --sampling (now --sampling)``."""
+    if isinstance(was, bool) or isinstance(now, bool):
+        return f"{flag if was else 'no ' + flag} (now {flag if now else 'no ' + flag})"
+    return f"{flag} {'unset' if was is None else was} (now {'unset' if now is None else now})"
+
+
+def difference(old: dict, new: dict) -> str | None:
+    """The first thing that differs between two identities, in words; None if none does."""
+    o, n = old.get("options", {}), new["options"]
+    for key in sorted(set(o) | set(n)):
+        if o.get(key) != n.get(key):
+            return _option_change(_flag(key), o.get(key), n.get(key))
+    for what in ("checkpoints", "input"):
+        was, now = old.get(what), new[what]
+        was_l, now_l = (was, now) if what == "checkpoints" else ([was], [now])
+        if not isinstance(was_l, list) or [w.get("path") for w in was_l if w] != \
+                [x["path"] for x in now_l]:
+            name = "checkpoint" if what == "checkpoints" else "input"
+            shown = _files(was_l) if isinstance(was_l, list) and all(was_l) else "?"
+            return f"{name} {shown} (now {_files(now_l)})"
+        for w, x in zip(was_l, now_l):
+            if w != x:
+                return (f"{x['path']} as it was then (it has changed since: another size or "
+                        f"modification time)")
+    return None
+
+
+class ResumableOutput:
+    """The output FILE of a resumable run: ``with ResumableOutput(...) as out``, write a
+    chunk's lines with ``out.writer``, then ``out.commit(lines, input_bytes)``; the rename
+    to FILE happens on a clean exit. ``start_line``/``start_byte``: where the input resumes."""
+
+    def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False):
+        self.path = Path(path)
+        self.journal = self.path.with_name(self.path.name + JOURNAL)
+        self.partial = self.path.with_name(self.path.name + PARTIAL)
+        self.identity = identity
+        self.lines_done = self.input_bytes = self.output_bytes = 0
+        state = None if overwrite else self._read_journal()
+        if state is not None:
+            why = difference(state.get("identity", {}), identity)
+            if why is not None:
+                raise NmtError(f"{self.path}: an interrupted run with {why} left "
+                               f"{self.journal.name} here: rerun that command to resume it, "
+                               f"or add --overwrite to start afresh")
+            self._resume_from(state)
+
+    @property
+    def start_line(self) -> int:
+        return self.lines_done + 1
+
+    @property
+    def start_byte(self) -> int:
+        return self.input_bytes
+
+    def _read_journal(self) -> dict | None:
+        try:
+            text = self.journal.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise NmtError(f"{self.journal}: cannot read ({e.strerror})") from None
+        try:
+            state = json.loads(text)
+            ok = state.get("version") == VERSION and all(
+                isinstance(state.get(k), int) and state[k] >= 0
+                for k in ("input_lines", "input_bytes", "output_bytes"))
+        except (ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise NmtError(f"{self.journal}: not a progress journal of this nmt-generate; "
+                           f"add --overwrite to start afresh")
+        return state
+
+    def _resume_from(self, state: dict) -> None:
+        try:
+            size = self.partial.stat().st_size
+        except OSError:
+            size = -1
+        if size < state["output_bytes"]:
+            log.warning("%s: %s is missing or shorter than its journal says; starting afresh",
+                        self.path, self.partial.name)
+            return
+        self.lines_done, self.input_bytes = state["input_lines"], state["input_bytes"]
+        self.output_bytes = state["output_bytes"]
+        log.info("resuming %s after input line %d (%d bytes of output kept)", self.path,
+                 self.lines_done, self.output_bytes)
+
+    def __enter__(self) -> "ResumableOutput":
+        try:
+            if self.lines_done:
+                self._f = open(self.partial, "r+b")
+                self._f.truncate(self.output_bytes)      # a chunk cut by the kill
+                self._f.seek(self.output_bytes)
+            else:
+                # A journal left here describes another run's partial output, which this
+                # one is about to replace: it must not survive to be resumed.
+                self.journal.unlink(missing_ok=True)
+                self._f = open(self.partial, "wb")
+        except OSError as e:
+            raise NmtError(f"{self.partial}: cannot write ({e.strerror})") from None
+        self.writer = LineWriter.over(self._f, str(self.path))
+        return self
+
+    def commit(self, lines_done: int, input_bytes: int) -> None:
+        """The lines written so far are the translations of the first ``lines_done`` input
+        lines, which end at ``input_bytes``: make them durable, then record it."""
+        self.writer.flush()
+        try:
+            os.fsync(self._f.fileno())
+            output_bytes = self._f.tell()
+        except OSError as e:
+            raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
+        state = {"version": VERSION, "identity": self.identity, "input_lines": lines_done,
+                 "input_bytes": input_bytes, "output_bytes": output_bytes}
+        with atomic_write(self.journal, "w") as f:
+            f.write(json.dumps(state, indent=1) + "\n")
+        self.lines_done, self.input_bytes, self.output_bytes = (lines_done, input_bytes,
+                                                                output_bytes)
+
+    def stopped(self) -> str:
+        """What an interrupted run leaves, for its last message."""
+        if not self.journal.exists():
+            return f"{self.path} not written"
+        return (f"{self.path}: the first {self.lines_done} lines are done; rerun the same "
+                f"command to resume")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass        # a failed flush: the journal still says what is complete
+        if exc_type is None:
+            self._install()
+        elif not self.journal.exists():
+            self.partial.unlink(missing_ok=True)        # nothing to resume: leave nothing
+        elif isinstance(exc, NmtError):
+            raise NmtError(f"{exc}; {self.stopped()}") from None
+
+    def _install(self) -> None:
+        try:
+            with open(self.partial, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(self.partial, self.path)
+            fsync_dir(self.path.parent)
+            self.journal.unlink(missing_ok=True)
+        except OSError as e:
+            raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
+
+
+__all__ = ["ResumableOutput", "run_identity", "difference"]

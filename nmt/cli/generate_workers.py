@@ -1,0 +1,173 @@
+"""nmt-generate --workers N: N decoding processes on one machine, each with its own model and
+--threads // N threads. This process reads the input and writes the output; chunk i (of
+--buffer-size lines) goes to worker i mod N, and the translations come back and are written
+in input order. Each chunk is translated exactly as one process translates it (same lines,
+same batches, same line numbers for sampling seeds), so the output is the one-process output,
+and a resumable --output (nmt.cli.generate_resume) resumes as it does with one process.
+
+Workers are started with "spawn" (a fresh interpreter: no OpenMP state inherited through
+fork) and hold at most two chunks each, so memory stays bounded whatever the input's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from nmt.cli.generate_config import GenerateConfig
+from nmt.errors import NmtError
+
+log = logging.getLogger("nmt.generate")
+
+IN_FLIGHT = 2        # chunks queued per worker: one being translated, one waiting
+
+
+@dataclass
+class WorkerSpec:
+    """What each worker needs to build its translator (all picklable)."""
+    checkpoints: list[str]
+    cfg: GenerateConfig
+    device: str
+    precision: str
+    threads: int
+    verbose: bool
+    quiet: bool
+
+
+def _worker(spec: WorkerSpec, tasks, results) -> None:
+    """A worker's life: build the translator, then translate (index, first line, chunk) tasks
+    until None; send ("progress", n), ("done", index, texts, tokens) or ("error", message)."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: the parent decides what happens, and ends us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import torch
+
+        from nmt.cli.common import setup_logging
+        from nmt.cli.generate_modes import build_translator, translate_chunk
+
+        setup_logging(spec.verbose, spec.quiet)
+        torch.set_num_threads(spec.threads)
+        translator = build_translator(spec.checkpoints, spec.cfg, spec.device, spec.precision)
+        results.put(("ready",))
+        while (task := _next_task(tasks)) is not None:
+            index, first, chunk = task
+            out, texts = translate_chunk(translator, spec.cfg, chunk, first,
+                                         lambda n: results.put(("progress", n)))
+            tokens = sum(len(r.hypotheses[0].ids) for r in out if r.hypotheses)
+            results.put(("done", index, texts, tokens))
+    except NmtError as e:
+        results.put(("error", str(e)))
+    except Exception as e:  # noqa: BLE001 - reported by the parent as one line
+        results.put(("error", f"internal error in a worker: {type(e).__name__}: {e}"))
+
+
+def _next_task(tasks):
+    """The next task; if the parent has died (kill -9: it could not end us), exit: nobody
+    will read what we write, and the rerun starts its own workers."""
+    import multiprocessing
+    import os
+
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            return tasks.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                os._exit(1)
+
+
+class WorkerPool:
+    """``with WorkerPool(n, spec) as pool: for texts, lines, tokens, done in
+    pool.translate(chunks, first_line, progress)``: the chunks' output lines in input order."""
+
+    def __init__(self, n: int, spec: WorkerSpec):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(n)]
+        self.procs = [ctx.Process(target=_worker, args=(spec, self.tasks[i], self.results),
+                                  name=f"nmt-generate-worker-{i}", daemon=True)
+                      for i in range(n)]
+
+    def __enter__(self) -> "WorkerPool":
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            for q in self.tasks:
+                q.put(None)
+            for p in self.procs:
+                p.join(timeout=30)
+        for p in self.procs:            # an error or a signal: stop the rest now
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+
+    def _next(self) -> tuple:
+        """The next message from a worker; a worker that has died is an error."""
+        while True:
+            try:
+                msg = self.results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p for p in self.procs if p.exitcode is not None]
+                if dead:
+                    raise NmtError(f"{dead[0].name} stopped (exit code {dead[0].exitcode}) "
+                                   f"before finishing its lines") from None
+                continue
+            if msg[0] == "error":
+                raise NmtError(msg[1])
+            return msg
+
+    def translate(self, chunks: Iterator[tuple[list, int | None]], first_line: int,
+                  progress: Callable[[int], None]
+                  ) -> Iterator[tuple[list[str], int, int, tuple[int, int | None]]]:
+        """For each chunk, in order: its output texts, its line count, its target tokens and
+        (the last input line it completes, the input byte offset past it)."""
+        n = len(self.procs)
+        meta: dict[int, tuple[int, int | None]] = {}     # index -> (lines, offset)
+        done: dict[int, tuple[list[str], int]] = {}
+        sent = out = 0
+        first = first_line
+        chunks = iter(chunks)
+        exhausted = False
+        while True:
+            while not exhausted and sent - out < IN_FLIGHT * n:
+                item = next(chunks, None)
+                if item is None:
+                    exhausted = True
+                    break
+                chunk, offset = item
+                self.tasks[sent % n].put((sent, first, chunk))
+                meta[sent] = (len(chunk), offset)
+                first += len(chunk)
+                sent += 1
+            if out == sent:
+                return
+            msg = self._next()
+            if msg[0] == "progress":
+                progress(msg[1])
+            elif msg[0] == "done":
+                done[msg[1]] = (msg[2], msg[3])
+            while out in done:
+                texts, tokens = done.pop(out)
+                lines, offset = meta.pop(out)
+                first_line += lines
+                yield texts, lines, tokens, (first_line - 1, offset)
+                out += 1
+
+
+def worker_threads(threads: int | None, workers: int) -> int:
+    """Each worker's share of --threads (default: this machine's cores), at least 1."""
+    import os
+
+    return max(1, (threads or os.cpu_count() or 1) // workers)
+
+
+__all__ = ["WorkerPool", "WorkerSpec", "worker_threads"]

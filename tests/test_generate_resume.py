@@ -1,0 +1,154 @@
+"""nmt-generate --output FILE -i INPUT resumes (issue 30): real processes killed with SIGKILL or
+SIGTERM, or stopped by a file size limit (a full disk), then rerun; the finished file is
+compared byte for byte with an uninterrupted run's. A rerun that differs is refused with one
+line naming the difference; --overwrite starts afresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_reliability_output import _file_size_limit, error_line
+from test_translator import make_checkpoint, mixed_lines
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+GENERATE = [sys.executable, "-m", "nmt.cli.generate", "--threads", "1", "--buffer-size", "20"]
+
+
+@pytest.fixture(scope="module")
+def f(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resume")
+    ckpt = make_checkpoint(d / "tiny.pt")
+    src = d / "in.txt"
+    src.write_text("".join(x + "\n" for x in mixed_lines(300, seed=7)))
+    return {"dir": d, "ckpt": str(ckpt), "in": str(src)}
+
+
+def _run(f, out, *extra, ok=True, **kw):
+    r = subprocess.run([*GENERATE, f["ckpt"], "-i", f["in"], "-o", str(out), *extra],
+                       capture_output=True, text=True, env=ENV, timeout=180, **kw)
+    if ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def _reference(f, *extra) -> bytes:
+    """An uninterrupted run's output (cached per options)."""
+    out = f["dir"] / ("ref" + "_".join(extra).replace("-", ""))
+    if not out.exists():
+        _run(f, out, "-q", *extra)
+    return out.read_bytes()
+
+
+def _journal(out):
+    return out.with_name(out.name + ".nmt-progress.json")
+
+
+def _partial(out):
+    return out.with_name(out.name + ".nmt-partial")
+
+
+def _stop_after(f, out, lines: int, sig, *extra) -> int:
+    """Start a run, send ``sig`` once its journal records at least ``lines`` lines, wait for
+    it to end; the lines the journal records then."""
+    p = subprocess.Popen([*GENERATE, f["ckpt"], "-i", f["in"], "-o", str(out), "-q", *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    try:
+        deadline, done = time.time() + 120, 0
+        while time.time() < deadline and p.poll() is None:
+            try:
+                done = json.loads(_journal(out).read_text())["input_lines"]
+            except (OSError, ValueError):
+                done = 0
+            if done >= lines:
+                break
+            time.sleep(0.005)
+        assert p.poll() is None, "the run ended before it could be stopped"
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        f["stderr"] = p.stderr.read().decode()
+    finally:
+        p.kill()
+    assert p.returncode == -sig if sig == signal.SIGKILL else 128 + sig
+    return json.loads(_journal(out).read_text())["input_lines"]
+
+
+@pytest.mark.parametrize("extra", [(), ("--sampling", "--seed", "5", "--nbest", "2")],
+                         ids=["beam", "sampling"])
+def test_killed_twice_then_rerun_gives_the_uninterrupted_bytes(f, tmp_path, extra):
+    want = _reference(f, *extra)
+    out = tmp_path / "out.txt"
+    first = _stop_after(f, out, 40, signal.SIGKILL, *extra)
+    assert 40 <= first < 300 and first % 20 == 0
+    # Bytes past the journal's count (a chunk cut by the kill; here more than the rest of
+    # the output) are not part of the output.
+    with open(_partial(out), "ab") as p:
+        p.write(b"cut\n" * len(want))
+    second = _stop_after(f, out, first + 60, signal.SIGKILL, *extra)
+    assert second >= first + 60
+    r = _run(f, out, *extra)
+    assert f"resuming {out} after input line {second}" in r.stderr
+    assert out.read_bytes() == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_sigterm_then_rerun_and_a_full_disk_then_rerun(f, tmp_path):
+    want = _reference(f)
+    out = tmp_path / "out.txt"
+    done = _stop_after(f, out, 60, signal.SIGTERM)
+    error_line("nmt-generate", 143, f["stderr"], "interrupted by SIGTERM",
+               f"{out}: the first {done} lines are done; rerun the same command to resume")
+    assert not out.exists() and _partial(out).exists()
+    # The disk fills up half way through: the error says what a rerun does.
+    r = _run(f, out, "-q", ok=False, preexec_fn=_file_size_limit(len(want) // 2))
+    error_line("nmt-generate", r.returncode, r.stderr, f"{out}: cannot write (File too large)",
+               "lines are done; rerun the same command to resume")
+    assert not out.exists() and json.loads(_journal(out).read_text())["input_lines"] > done
+    _run(f, out, "-q")
+    assert out.read_bytes() == want
+    assert not _journal(out).exists() and not _partial(out).exists()
+
+
+def test_a_rerun_that_differs_is_refused_and_overwrite_starts_afresh(f, tmp_path):
+    out = tmp_path / "out.txt"
+    _stop_after(f, out, 20, signal.SIGKILL)
+    journal = _journal(out).read_bytes()
+    other = tmp_path / "other.pt"
+    make_checkpoint(other, seed=1)
+    moved = tmp_path / "in.txt"
+    moved.write_bytes(open(f["in"], "rb").read())
+    for extra, named in [(("--beam", "2"), "with --beam unset (now 2)"),
+                         (("--sampling",), "with no --sampling (now --sampling)"),
+                         (("--buffer-size", "10"), "with --buffer-size 20 (now 10)")]:
+        r = _run(f, out, *extra, ok=False)
+        error_line("nmt-generate", r.returncode, r.stderr, named, "rerun that command to "
+                   "resume it, or add --overwrite to start afresh")
+    r = subprocess.run([*GENERATE, str(other), "-i", f["in"], "-o", str(out)],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    error_line("nmt-generate", r.returncode, r.stderr, f"checkpoint {f['ckpt']} (now {other})")
+    r = subprocess.run([*GENERATE, f["ckpt"], "-i", str(moved), "-o", str(out)],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    error_line("nmt-generate", r.returncode, r.stderr, f"input {f['in']} (now {moved})")
+    assert _journal(out).read_bytes() == journal and not out.exists()
+    _run(f, out, "-q", "--beam", "2", "--overwrite")
+    assert out.read_bytes() == _reference(f, "--beam", "2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "other.pt", "out.txt"]
+
+
+def test_a_changed_input_file_is_refused(f, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes(open(f["in"], "rb").read())
+    out = tmp_path / "out.txt"
+    g = {**f, "in": str(src)}
+    _stop_after(g, out, 20, signal.SIGKILL)
+    with open(src, "a") as s:
+        s.write("w1 w2\n")
+    r = _run(g, out, ok=False)
+    error_line("nmt-generate", r.returncode, r.stderr,
+               f"with {src} as it was then (it has changed since")

@@ -1,0 +1,109 @@
+"""nmt-generate --workers N (issue 30): N decoding processes whose output, merged in input
+order, is byte for byte the one-process output (beam and sampling); with --output it resumes
+after a kill -9 like one process; a worker that dies is a one-line error, and its lines are
+resumed by a rerun. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from test_reliability_output import error_line
+from test_translator import make_checkpoint, mixed_lines
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+GENERATE = [sys.executable, "-m", "nmt.cli.generate", "--threads", "1", "--buffer-size", "15"]
+
+
+@pytest.fixture(scope="module")
+def f(tmp_path_factory):
+    d = tmp_path_factory.mktemp("workers")
+    ckpt = make_checkpoint(d / "tiny.pt")
+    src = d / "in.txt"
+    src.write_text("".join(x + "\n" for x in mixed_lines(200, seed=8)))
+    return {"dir": d, "ckpt": str(ckpt), "in": str(src)}
+
+
+def _run(f, *extra, ok=True):
+    r = subprocess.run([*GENERATE, f["ckpt"], "-i", f["in"], *extra], capture_output=True,
+                       env=ENV, timeout=180)
+    if ok:
+        assert r.returncode == 0, r.stderr.decode()
+    return r
+
+
+@pytest.mark.parametrize("extra", [("--output-format", "jsonl"),
+                                   ("--sampling", "--seed", "3", "--nbest", "2")],
+                         ids=["beam-jsonl", "sampling"])
+def test_two_workers_write_the_one_process_output(f, extra):
+    one = _run(f, "-q", *extra).stdout
+    two = _run(f, "-q", "--workers", "2", *extra)
+    assert two.stdout == one
+    assert two.stdout.count(b"\n") == 200 * (2 if "--nbest" in extra else 1)
+
+
+def _wait_for_journal(out, lines, proc):
+    journal = out.with_name(out.name + ".nmt-progress.json")
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if json.loads(journal.read_text())["input_lines"] >= lines:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.005)
+    raise AssertionError("the run ended before it could be stopped")
+
+
+def _workers_of(proc):
+    """The worker processes (not multiprocessing's resource tracker), in start order."""
+    kids = [k for k in psutil.Process(proc.pid).children()
+            if any("spawn_main" in a for a in k.cmdline())]
+    assert len(kids) == 2, kids
+    return sorted(kids, key=lambda k: k.pid)
+
+
+def test_killed_workers_run_resumes_to_the_one_process_output(f, tmp_path):
+    want = _run(f, "-q").stdout
+    out = tmp_path / "out.txt"
+    cmd = [*GENERATE, f["ckpt"], "-i", f["in"], "-o", str(out), "-q", "--workers", "2"]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=ENV)
+    try:
+        _wait_for_journal(out, 30, p)
+        workers = psutil.Process(p.pid).children()      # the tracker too
+        assert len(_workers_of(p)) == 2
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        # The orphaned workers notice and end.
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        assert alive == []
+    finally:
+        p.kill()
+    # A worker that dies: one line, and what is done stays for the rerun.
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=ENV)
+    try:
+        _wait_for_journal(out, 60, p)
+        _workers_of(p)[1].kill()
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    error_line("nmt-generate", p.returncode, p.stderr.read().decode(),
+               "nmt-generate-worker-", "stopped (exit code -9) before finishing its lines",
+               "lines are done; rerun the same command to resume")
+    r = subprocess.run(cmd, capture_output=True, env=ENV, timeout=180)
+    assert r.returncode == 0, r.stderr.decode()
+    assert out.read_bytes() == want
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_bad_worker_counts_are_refused(f):
+    r = _run(f, "--workers", "0", ok=False)
+    error_line("nmt-generate", r.returncode, r.stderr.decode(), "--workers must be >= 1, got 0")
+    assert r.returncode == 2 and r.stdout == b""
