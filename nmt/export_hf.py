@@ -16,7 +16,9 @@ subwords other than sentencepiece (MarianTokenizer has neither).
 
 Positions of every kind export: transformers loads ``embed_positions`` from the weights file
 when it has them, so the file carries nmt's own table (any sinusoid layout and offset, or the
-learned rows); see nmt.importers.hf_positions.
+learned rows); see nmt.importers.hf_positions. (transformers' own save_pretrained leaves the
+tables out: a directory it re-saved runs with Marian's table, which only a model trained with
+``sinusoid_layout=marian`` was.)
 
 Decoding: transformers has no GNMT length penalty; a model whose preset uses it gets
 ``length_penalty`` = its alpha with transformers' |Y|^alpha (a warning says so).
@@ -32,7 +34,7 @@ from pathlib import Path
 import torch
 
 from nmt.errors import NmtError
-from nmt.importers.hf_positions import LEARNED_MARK, MAX_OFFSET, export_positions
+from nmt.importers.hf_positions import MARK, MAX_OFFSET, export_positions, positions_mark
 from nmt.io import install_directory, temporary_directory_beside
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
@@ -132,7 +134,7 @@ def marian_config(cfg, vocab_size: int) -> dict:
         "bos_token_id": None, "decoder_start_token_id": cfg.start_id,
         "share_encoder_decoder_embeddings": True, "tie_word_embeddings": cfg.tie_output,
         "is_encoder_decoder": True, "use_cache": True, "dtype": "float32",
-        LEARNED_MARK: cfg.positional,
+        MARK: positions_mark(cfg),
     }
 
 

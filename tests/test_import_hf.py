@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from torch.nn.utils.rnn import pad_sequence
 
 transformers = pytest.importorskip("transformers")   # the test extra: pip install 'nmt[test]'
@@ -21,6 +22,7 @@ from transformers import MarianConfig, MarianMTModel, MarianTokenizer  # noqa: E
 
 import nmt  # noqa: E402
 from nmt.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint  # noqa: E402
+from nmt.cli.import_ import main as import_main  # noqa: E402
 from nmt.data.codec import TextCodec  # noqa: E402
 from nmt.data.subword import train_sentencepiece, train_wordpiece  # noqa: E402
 from nmt.search.config import SearchConfig  # noqa: E402
@@ -276,6 +278,15 @@ def test_every_position_kind_exports_translates_and_comes_back(marian, tmp_path,
     for i, s in enumerate(score_ids(t, src_ids, tgt_ids)):
         n = len(tgt_ids[i]) + 1
         assert torch.allclose(torch.tensor(s.token_scores), want[i, :n], atol=1e-4, rtol=0)
+
+    # transformers' save_pretrained leaves the tables out (it would run Marian's after): the
+    # import of what it saved says so rather than import another model
+    hf.save_pretrained(tmp_path / "resaved")
+    for f in ("source.spm", "target.spm", "vocab.json"):
+        (tmp_path / "resaved" / f).write_bytes((tmp_path / "hf" / f).read_bytes())
+    r = CliRunner().invoke(import_main, ["huggingface", str(tmp_path / "resaved"), "-o",
+                                         str(tmp_path / "x.pt")])
+    assert r.exit_code == 1 and "weights have no position tables" in r.stderr, r.stderr
 
 
 def test_a_position_table_of_no_known_kind_is_refused(marian, tmp_path):

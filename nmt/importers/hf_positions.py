@@ -9,11 +9,17 @@ marked loaded), and position p reads row p. So any nmt position table travels as
 - sinusoidal positions: nmt's table of positions offset .. offset + max_positions - 1 in the
   model's layout (interleaved, fairseq or marian); the import recognises the layout and the
   offset by comparing the stored table with each layout's computed one;
-- learned positions: the rows that positions 0 .. max_positions - 1 read; ``config.json``
-  says ``"nmt_positional": "learned"`` so that the import keeps them as learned positions.
+- learned positions: the rows that positions 0 .. max_positions - 1 read (a fairseq model's
+  unused first rows are left out);
 
-A stored table that is none of the sinusoid layouts, in a directory not marked learned, is
-refused: nmt would not know what the model was trained with.
+and ``config.json`` names the table (``"nmt_positions"``: ``"learned"``, or the layout with
+``+offset`` when there is one), so that the import keeps learned positions learned.
+
+transformers' own ``save_pretrained`` does not write the tables (MarianMTModel's
+``_keys_to_ignore_on_save``): a directory it re-saved runs with Marian's computed table. The
+import refuses such a directory when config.json names another table, and a stored table that
+is none of the sinusoid layouts in a directory that does not say "learned": nmt would not know
+what the model was trained with.
 """
 
 from __future__ import annotations
@@ -25,12 +31,19 @@ from nmt.models.layers import SINUSOID_LAYOUTS, sinusoid_table
 
 KEYS = {"src_pos": "model.encoder.embed_positions.weight",
         "tgt_pos": "model.decoder.embed_positions.weight"}
-LEARNED_MARK = "nmt_positional"
+MARK = "nmt_positions"          # config.json's name of the table
 # Offsets the import recognises (fairseq's is padding index + 1 = 2); the export refuses a
 # sinusoid table it would not recognise, so that every export comes back as it left.
 MAX_OFFSET = 64
 # Stored tables may have been computed elsewhere (float32 instead of float64, another libm).
 ATOL = 1e-6
+
+
+def positions_mark(cfg) -> str:
+    """config.json's ``nmt_positions``: "learned", or "LAYOUT" / "LAYOUT+OFFSET"."""
+    if cfg.positional == "learned":
+        return "learned"
+    return cfg.sinusoid_layout + (f"+{cfg.position_offset}" if cfg.position_offset else "")
 
 
 def export_positions(model) -> dict[str, torch.Tensor]:
@@ -64,14 +77,19 @@ def import_positions(w: dict[str, torch.Tensor], d_model: int, max_positions: in
     """(ModelConfig changes, nmt state entries) for the position tables in ``w``, which are
     taken out of it. No table: Marian's own sinusoids, which transformers computes."""
     tables = {mod: w.pop(key) for mod, key in KEYS.items() if key in w}
+    mark = config.get(MARK, "marian")
     if not tables:
+        if mark != "marian":
+            raise NmtError(f"{name}: cannot import: config.json says {MARK}={mark!r}, but the "
+                           f"weights have no position tables (transformers' save_pretrained "
+                           f"leaves them out, and then runs Marian's own: export from nmt again)")
         return {"positional": "sinusoidal", "sinusoid_layout": "marian"}, {}
     for mod, t in tables.items():
         if tuple(t.shape) != (max_positions, d_model):
             raise NmtError(f"{name}: cannot import: {KEYS[mod]} has shape {tuple(t.shape)}, "
                            f"not [max_position_embeddings, d_model] = "
                            f"[{max_positions}, {d_model}]")
-    if config.get(LEARNED_MARK) == "learned":
+    if mark == "learned":
         if len(tables) != 2:
             raise NmtError(f"{name}: cannot import: learned positions need both "
                            f"{KEYS['src_pos']} and {KEYS['tgt_pos']}")
@@ -83,7 +101,7 @@ def import_positions(w: dict[str, torch.Tensor], d_model: int, max_positions: in
         if layout is None:
             raise NmtError(f"{name}: cannot import: {KEYS[mod]} is none of the sinusoid tables "
                            f"nmt knows ({', '.join(SINUSOID_LAYOUTS)}; offsets 0-{MAX_OFFSET}), "
-                           f"and config.json does not say {LEARNED_MARK}: learned")
+                           f"and config.json does not say {MARK}: learned")
         found.add(layout)
     if len(tables) == 1:                  # the other side is Marian's computed table
         found.add(("marian", 0))
@@ -95,5 +113,5 @@ def import_positions(w: dict[str, torch.Tensor], d_model: int, max_positions: in
             "position_offset": offset}, {}
 
 
-__all__ = ["KEYS", "LEARNED_MARK", "MAX_OFFSET", "export_positions", "recognise_sinusoid",
-           "import_positions"]
+__all__ = ["KEYS", "MARK", "MAX_OFFSET", "positions_mark", "export_positions",
+           "recognise_sinusoid", "import_positions"]
