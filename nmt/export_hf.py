@@ -10,11 +10,15 @@ transformers loads (``MarianMTModel.from_pretrained``, ``MarianTokenizer.from_pr
 
 The vocabulary keeps nmt's ids (<pad> 0, <s> 1, </s> 2, <unk> 3), so ``nmt-import
 huggingface`` gives back the very same weights. What transformers' Marian can express is
-exported; the rest is refused with one line: pre-norm layers, learned positions, nmt's
-interleaved sinusoids (train with ``sinusoid_layout=marian`` to export), position offsets,
-layernorm_embedding, LayerNorm epsilon other than 1e-5, separate source and target
-vocabularies, Moses tokenization and subwords other than sentencepiece (MarianTokenizer has
-neither).
+exported; the rest is refused with one line: pre-norm layers, layernorm_embedding, LayerNorm
+epsilon other than 1e-5, separate source and target vocabularies, Moses tokenization and
+subwords other than sentencepiece (MarianTokenizer has neither).
+
+Positions of every kind export: transformers loads ``embed_positions`` from the weights file
+when it has them, so the file carries nmt's own table (any sinusoid layout and offset, or the
+learned rows); see nmt.importers.hf_positions. (transformers' own save_pretrained leaves the
+tables out: a directory it re-saved runs with Marian's table, which only a model trained with
+``sinusoid_layout=marian`` was.)
 
 Decoding: transformers has no GNMT length penalty; a model whose preset uses it gets
 ``length_penalty`` = its alpha with transformers' |Y|^alpha (a warning says so).
@@ -30,6 +34,7 @@ from pathlib import Path
 import torch
 
 from nmt.errors import NmtError
+from nmt.importers.hf_positions import MARK, MAX_OFFSET, export_positions, positions_mark
 from nmt.io import install_directory, temporary_directory_beside
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
@@ -45,13 +50,9 @@ def check_hf_exportable(ckpt: dict, cfg, src_codec, tgt_codec, name: str) -> Non
 
     if cfg.pre_norm:
         raise refuse("pre-norm layers (transformers' Marian is post-norm)")
-    if cfg.positional != "sinusoidal":
-        raise refuse("learned positions (Marian's are sinusoidal)")
-    if cfg.sinusoid_layout != "marian":
-        raise refuse(f"{cfg.sinusoid_layout} sinusoids (Marian puts the sines in the first "
-                     f"half, the cosines in the second: train with sinusoid_layout=marian)")
-    if cfg.position_offset:
-        raise refuse(f"position_offset {cfg.position_offset} (Marian's positions start at 0)")
+    if cfg.positional == "sinusoidal" and cfg.position_offset > MAX_OFFSET:
+        raise refuse(f"position_offset {cfg.position_offset} (nmt-import recognises sinusoid "
+                     f"tables of offsets up to {MAX_OFFSET})")
     if cfg.layernorm_embedding:
         raise refuse("layernorm_embedding")
     if cfg.layer_norm_eps != 1e-5:
@@ -88,6 +89,8 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
     # one only when tie_word_embeddings is true, and would initialize them at random otherwise.
     for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
         put(f"{name}.weight", model.tgt_embed.weight)
+    for name, table in export_positions(model).items():
+        put(name, table)
     if model.output_weight is not None:
         put("lm_head.weight", model.output_weight)
     bias = (model.output_bias if model.output_bias is not None
@@ -131,6 +134,7 @@ def marian_config(cfg, vocab_size: int) -> dict:
         "bos_token_id": None, "decoder_start_token_id": cfg.start_id,
         "share_encoder_decoder_embeddings": True, "tie_word_embeddings": cfg.tie_output,
         "is_encoder_decoder": True, "use_cache": True, "dtype": "float32",
+        MARK: positions_mark(cfg),
     }
 
 

@@ -13,7 +13,8 @@ How a Marian model maps onto nmt's Transformer (nmt.config.ModelConfig):
 
 - post-norm layers, the FFN activation (swish/silu, relu or exact gelu), embeddings scaled by
   sqrt(d_model) or not (``scale_embedding``), sinusoidal positions in Marian's layout (sines in
-  the first half, cosines in the second, positions from 0), LayerNorm epsilon 1e-5, one
+  the first half, cosines in the second, positions from 0) or, when the weights file stores
+  the tables, the table it stores (nmt.importers.hf_positions), LayerNorm epsilon 1e-5, one
   embedding matrix for both sides, the output projection tied to it (or ``lm_head`` when
   ``tie_word_embeddings`` is false), ``final_logits_bias`` as the output bias;
 - q/k/v projections fused as nmt's attention wants them ([q; k; v], cross-attention [k; v]);
@@ -46,6 +47,7 @@ from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors,
                                   load_torch_weights, nmt_dictionary, permute_rows, read_json)
+from nmt.importers.hf_positions import import_positions
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.import")
@@ -89,7 +91,10 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     cfg = marian_config(config, {**_generation_keys(config), **gen}, specials, str(d))
     dictionary, order = nmt_dictionary(symbols, specials)
     weights = _read_weights(d)
-    state = convert_weights(weights, cfg, order, specials, str(d))
+    changes, positions = import_positions(weights, cfg.d_model, cfg.max_positions, config,
+                                          str(d))
+    cfg = _replace(cfg, **changes)
+    state = {**convert_weights(weights, cfg, order, specials, str(d)), **positions}
     if "output_bias" not in state:
         cfg = _replace(cfg, output_bias=False)
     codecs = [TextCodec(SentencePieceVocab(_read_bytes(d / f"{side}.spm"), dictionary),
@@ -325,7 +330,6 @@ def convert_weights(w: dict[str, torch.Tensor], cfg: ModelConfig, order: list[in
             ("encoder_attn.out_proj", "cross_attn.out_proj"),
             ("encoder_attn_layer_norm", "res2.norm"), ("fc1", "ffn.fc1"), ("fc2", "ffn.fc2"),
             ("final_layer_norm", "res3.norm"))))
-    _check_positions(w, used, cfg, name)
     unused = sorted(set(w) - used)
     if unused:
         raise NmtError(f"{name}: cannot import: weights nmt has no place for: "
@@ -340,22 +344,6 @@ def _prefixed(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torch.Te
 def _sublayers(take, src: str, dst: str, pairs) -> dict[str, torch.Tensor]:
     return {f"{dst}.{b}.{part}": take(f"{src}.{a}.{part}")
             for a, b in pairs for part in ("weight", "bias")}
-
-
-def _check_positions(w: dict[str, torch.Tensor], used: set[str], cfg: ModelConfig,
-                     name: str) -> None:
-    """Old checkpoints store the sinusoid tables: they must be Marian's, which nmt computes."""
-    from nmt.models.layers import sinusoid_table
-
-    for side in ("encoder", "decoder"):
-        key = f"model.{side}.embed_positions.weight"
-        if key in w:
-            used.add(key)
-            table = w[key]
-            want = sinusoid_table(table.size(0), cfg.d_model, 0, "marian")
-            if table.shape != want.shape or not torch.allclose(table, want, rtol=0, atol=1e-6):
-                raise NmtError(f"{name}: cannot import: {key} is not Marian's sinusoid table "
-                               f"(learned positions are not part of transformers' Marian)")
 
 
 __all__ = ["import_huggingface", "marian_config", "generation_preset", "convert_weights"]

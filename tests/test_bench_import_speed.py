@@ -1,0 +1,43 @@
+"""benchmarks/bench_import_speed.py (issue 28) in its quick mode: the harness runs all three
+engines, every sentence gets the fixed output length from each, and nmt, transformers and
+CTranslate2 give the same output in fp32 greedy decoding on the same weights, which is what
+makes their speeds comparable. No timing assertions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("ctranslate2")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_run_compares_like_with_like(tmp_path):
+    out, md = tmp_path / "speed.json", tmp_path / "speed.md"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_import_speed.py"),
+                        "--quick", "--threads", "1", "--keep-outputs", "--json", str(out),
+                        "--markdown", str(md)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads(out.read_text(encoding="utf-8"))
+    s = report["settings"]
+    rows = {(r["engine"], r["precision"], r["beam"]): r for r in report["rows"]}
+    assert set(rows) == {(e, q, b) for e in ("nmt", "hf", "ct2") for q in ("fp32", "int8")
+                         for b in (1, 4)}
+    for r in rows.values():
+        assert len(r["outputs"]) == s["sentences"]
+        assert all(len(o) == s["length"] for o in r["outputs"]), r["engine"]
+        assert r["target_tokens"] == s["sentences"] * s["length"]
+        assert r["tokens_per_s"] > 0 and r["sentences_per_s"] > 0
+    greedy = [rows[(e, "fp32", 1)]["outputs"] for e in ("nmt", "hf", "ct2")]
+    assert greedy[0] == greedy[1] == greedy[2]
+    assert len({tuple(o) for o in greedy[0]}) > 1          # not one output for every input
+    assert rows[("ct2", "fp32", 1)]["same_as_nmt_fp32"] == 1.0
+    assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
+    lines = md.read_text(encoding="utf-8").splitlines()
+    body = [x for x in lines if x.startswith("| ") and not x.startswith("| engine")]
+    assert len(body) == 12 and "| CTranslate2 | int8 | 4 |" in "\n".join(body)
