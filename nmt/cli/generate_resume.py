@@ -29,7 +29,7 @@ from typing import Sequence
 
 from nmt.cli.generate_config import GenerateConfig
 from nmt.errors import NmtError
-from nmt.io import LineWriter, atomic_write, fsync_dir
+from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir
 from nmt.options import flag_name
 
 log = logging.getLogger("nmt.generate")
@@ -41,8 +41,8 @@ VERSION = 1
 _NOT_IDENTITY = ("input_path", "output_path")
 
 
-def _file_identity(path: str | os.PathLike) -> dict:
-    st = os.stat(path)
+def _file_identity(path: str | os.PathLike, what: str) -> dict:
+    st = check_readable(path, what, expected=f"a {what} file").stat()
     return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
@@ -52,8 +52,8 @@ def run_identity(checkpoints: Sequence[str], cfg: GenerateConfig, device: str,
     options = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IDENTITY}
     options.update(device=str(device), precision=precision)
     return json.loads(json.dumps({
-        "checkpoints": [_file_identity(p) for p in checkpoints],
-        "input": _file_identity(cfg.input_path), "options": options}))
+        "checkpoints": [_file_identity(p, "checkpoint") for p in checkpoints],
+        "input": _file_identity(cfg.input_path, "input"), "options": options}))
 
 
 def _flag(key: str) -> str:
@@ -155,6 +155,10 @@ class ResumableOutput:
                  self.lines_done, self.output_bytes)
 
     def __enter__(self) -> "ResumableOutput":
+        # A kill during a journal update leaves atomic_write's temporary beside it: the
+        # journal itself is whole (the old one or the new one), the temporary is garbage.
+        for stale in self.journal.parent.glob(f".{self.journal.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
         try:
             if self.lines_done:
                 self._f = open(self.partial, "r+b")
