@@ -30,6 +30,16 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     return text
 
 
+def _open_binary(path: str | os.PathLike, name: str | None) -> tuple[IO[bytes], str]:
+    """A readable file opened for bytes, with the name its errors use; one-line errors."""
+    p = check_readable(path, name=name)
+    label = name or str(p)
+    try:
+        return open(p, "rb"), label
+    except OSError as e:
+        raise NmtError(f"{label}: cannot read ({e.strerror})") from None
+
+
 def iter_lines(path: str | os.PathLike | None, name: str | None = None) -> Iterator[str]:
     """Yield the lines of a UTF-8 file (or stdin for None or '-') without terminators.
 
@@ -38,12 +48,7 @@ def iter_lines(path: str | os.PathLike | None, name: str | None = None) -> Itera
     if path is None or str(path) == "-":
         yield from iter_stream(sys.stdin.buffer, name or "<stdin>")
         return
-    p = check_readable(path, name=name)
-    label = name or str(p)
-    try:
-        f = open(p, "rb")
-    except OSError as e:
-        raise NmtError(f"{label}: cannot read ({e.strerror})") from None
+    f, label = _open_binary(path, name)
     with f:
         yield from iter_stream(f, label)
 
@@ -90,12 +95,7 @@ def iter_line_chunks(path: str | os.PathLike, max_lines: int, start: int = 0,
     its 1-based number, for errors), ``max_lines`` at a time, each chunk with the byte offset
     just past it: memory holds one chunk whatever the file's size, and a caller that records
     the offset can continue there later (nmt-generate --output resumes so)."""
-    p = check_readable(path, name=name)
-    label = name or str(p)
-    try:
-        f = open(p, "rb")
-    except OSError as e:
-        raise NmtError(f"{label}: cannot read ({e.strerror})") from None
+    f, label = _open_binary(path, name)
     with f:
         f.seek(start)
         offset, lineno, chunk = start, first_line, []
