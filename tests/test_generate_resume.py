@@ -15,7 +15,7 @@ import time
 import pytest
 
 from test_reliability_output import _file_size_limit, error_line
-from test_translator import make_checkpoint, mixed_lines
+from test_translator import checkpoint_and_input, make_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 GENERATE = [sys.executable, "-m", "nmt.cli.generate", "--threads", "1", "--buffer-size", "20"]
@@ -23,11 +23,7 @@ GENERATE = [sys.executable, "-m", "nmt.cli.generate", "--threads", "1", "--buffe
 
 @pytest.fixture(scope="module")
 def f(tmp_path_factory):
-    d = tmp_path_factory.mktemp("resume")
-    ckpt = make_checkpoint(d / "tiny.pt")
-    src = d / "in.txt"
-    src.write_text("".join(x + "\n" for x in mixed_lines(300, seed=7)))
-    return {"dir": d, "ckpt": str(ckpt), "in": str(src)}
+    return checkpoint_and_input(tmp_path_factory, "resume", 300, 7)
 
 
 def _run(f, out, *extra, ok=True, **kw):

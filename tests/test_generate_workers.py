@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from test_reliability_output import error_line
-from test_translator import make_checkpoint, mixed_lines
+from test_translator import checkpoint_and_input
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 GENERATE = [sys.executable, "-m", "nmt.cli.generate", "--threads", "1", "--buffer-size", "15"]
@@ -24,11 +24,7 @@ GENERATE = [sys.executable, "-m", "nmt.cli.generate", "--threads", "1", "--buffe
 
 @pytest.fixture(scope="module")
 def f(tmp_path_factory):
-    d = tmp_path_factory.mktemp("workers")
-    ckpt = make_checkpoint(d / "tiny.pt")
-    src = d / "in.txt"
-    src.write_text("".join(x + "\n" for x in mixed_lines(200, seed=8)))
-    return {"dir": d, "ckpt": str(ckpt), "in": str(src)}
+    return checkpoint_and_input(tmp_path_factory, "workers", 200, 8)
 
 
 def _run(f, *extra, ok=True):

@@ -228,3 +228,12 @@ def test_search_config_resolves_against_the_preset(ckpt):
     assert cfg.search == SearchConfig(beam=3) and cfg.batch == BatchConfig(max_tokens=100)
     with pytest.raises(UsageError):
         GenerateConfig(batch_size=0)
+
+
+def checkpoint_and_input(tmp_path_factory, name: str, lines: int, seed: int) -> dict:
+    """A tiny checkpoint and an input file of ``lines`` mixed lines, in a fresh directory."""
+    d = tmp_path_factory.mktemp(name)
+    ckpt = make_checkpoint(d / "tiny.pt")
+    src = d / "in.txt"
+    src.write_text("".join(x + "\n" for x in mixed_lines(lines, seed=seed)))
+    return {"dir": d, "ckpt": str(ckpt), "in": str(src)}

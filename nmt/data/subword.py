@@ -75,7 +75,7 @@ class SentencePieceBPE(SubwordModel):
 
     @classmethod
     def load(cls, path: Path) -> "SentencePieceBPE":
-        data = _read_bytes(path)
+        data = read_model_bytes(path)
         try:
             return cls(data)
         except NmtError as e:
@@ -262,7 +262,7 @@ class WordPiece(SubwordModel):
 
     @classmethod
     def load(cls, path: Path) -> "WordPiece":
-        data = _read_bytes(path)
+        data = read_model_bytes(path)
         try:
             return cls(data.decode("utf-8", errors="strict"))
         except UnicodeDecodeError as e:
@@ -365,12 +365,13 @@ def load_model(kind: str, path: Path | None, dictionary: Dictionary | None) -> S
     raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
-def _read_bytes(path: Path | os.PathLike) -> bytes:
+def read_model_bytes(path: Path | os.PathLike, what: str | None = None) -> bytes:
+    """A model file's bytes, or a one-line NmtError naming it (and ``what`` it is)."""
     p = Path(path)
     try:
         return p.read_bytes()
     except FileNotFoundError:
-        raise NmtError(f"{p}: no such file") from None
+        raise NmtError(f"{p}: no such file" + (f" ({what})" if what else "")) from None
     except OSError as e:
         raise NmtError(f"{p}: cannot read ({e.strerror})") from None
 

@@ -73,7 +73,7 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     atomically); returns its path. Every failure is a one-line NmtError."""
     from nmt.checkpoint import load_model_from_checkpoint, make_checkpoint, save_checkpoint
     from nmt.data.codec import TextCodec
-    from nmt.data.subword import SentencePieceVocab
+    from nmt.data.subword import SentencePieceVocab, read_model_bytes
 
     d = Path(model_dir)
     if not d.is_dir():
@@ -97,8 +97,10 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     state = {**convert_weights(weights, cfg, order, specials, str(d)), **positions}
     if "output_bias" not in state:
         cfg = _replace(cfg, output_bias=False)
-    codecs = [TextCodec(SentencePieceVocab(_read_bytes(d / f"{side}.spm"), dictionary),
-                        dictionary) for side in ("source", "target")]
+    spm = {side: read_model_bytes(d / f"{side}.spm", f"the {side} sentencepiece model")
+           for side in ("source", "target")}
+    codecs = [TextCodec(SentencePieceVocab(spm[side], dictionary), dictionary)
+              for side in ("source", "target")]
     ckpt = make_checkpoint(model_config=cfg, model_state=state, share_all_embeddings=True,
                            src_codec=codecs[0], tgt_codec=codecs[1],
                            src_lang=str(tok.get("source_lang") or "src"),
@@ -120,15 +122,6 @@ def _generation_keys(config: dict) -> dict:
     keys = ("num_beams", "max_length", "max_new_tokens", "length_penalty", "early_stopping",
             "bad_words_ids", "forced_eos_token_id", *NEUTRAL_GENERATION)
     return {k: config[k] for k in keys if k in config}
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise NmtError(f"{path}: no such file (the {path.stem} sentencepiece model)") from None
-    except OSError as e:
-        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
 
 
 def _read_vocab(path: Path) -> list[str]:
