@@ -154,13 +154,9 @@ def test_incremental_decoding_equals_full_forward(pre_norm, positional):
     src[1, 4:] = PAD
     src[1, 3] = EOS
     full = model(src, tgt)
-    state = model.init_state(model.encode(src))
-    steps = []
-    for t in range(tgt.size(1)):
-        logits, state = model.decode(tgt[:, t:t + 1], state)
-        steps.append(logits)
+    logits, state = decode_step_by_step(model, src, tgt)
     assert state.step == tgt.size(1)
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    assert torch.allclose(logits, full, atol=1e-5)
     # several new positions at once after a cached prefix
     state = model.init_state(model.encode(src))
     a, state = model.decode(tgt[:, :2], state)
@@ -270,3 +266,14 @@ def test_cache_grows_past_its_initial_capacity_and_keeps_earlier_positions():
         out.append(logits)
     assert state.cache.capacity >= steps
     assert torch.allclose(torch.cat(out, 1), full, atol=1e-5)
+
+
+def decode_step_by_step(model, src, prev):
+    """The decoder's logits for ``prev`` one position at a time through its KV cache,
+    [B, T, V], and the final state."""
+    state = model.init_state(model.encode(src))
+    steps = []
+    for t in range(prev.size(1)):
+        logits, state = model.decode(prev[:, t:t + 1], state)
+        steps.append(logits)
+    return torch.cat(steps, 1), state

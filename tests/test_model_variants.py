@@ -23,6 +23,7 @@ from nmt.models.quantize import quantize_int8
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import SearchConfig, beam_search
 from nmt.specials import BOS, EOS, PAD
+from test_model import decode_step_by_step
 
 V = 30
 NEW_FIELDS = {"activation": "relu", "scale_embedding": True, "sinusoid_layout": "interleaved",
@@ -172,12 +173,7 @@ def test_every_variant_at_once_decodes_incrementally_as_the_full_forward():
     model = tiny(**EVERYTHING)
     src, prev = batch()
     full = model(src, prev)
-    state = model.init_state(model.encode(src))
-    steps = []
-    for t in range(prev.size(1)):
-        logits, state = model.decode(prev[:, t:t + 1], state)
-        steps.append(logits)
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    assert torch.allclose(decode_step_by_step(model, src, prev)[0], full, atol=1e-5)
     # int8 quantizes the untied projection, and adds the bias after it
     q = quantize_int8(tiny(**EVERYTHING))
     assert torch.allclose(q(src, prev), full, atol=0.15)

@@ -539,8 +539,9 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
         vocab = {cfg.source_lang: write_codec(tmp, cfg.source_lang, src),
                  cfg.target_lang: write_codec(tmp, cfg.target_lang, tgt)}
         meta = _meta(cfg, kind, joined, dtype, vocab, stats, learned, time.time() - t_start)
-        meta["task"] = infer_task(tgt.dictionary).name if cfg.task == "auto" else cfg.task
-        if meta["task"] == "parsing" and infer_task(tgt.dictionary).name != "parsing":
+        inferred = infer_task(tgt.dictionary).name
+        meta["task"] = inferred if cfg.task == "auto" else cfg.task
+        if meta["task"] == "parsing" and inferred != "parsing":
             raise NmtError(f"--task parsing needs targets that are linearized trees, but the "
                            f"{cfg.target_lang} vocabulary is not one of brackets (see "
                            f"examples/parsing_wsj/prepare.py)")

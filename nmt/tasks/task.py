@@ -61,8 +61,7 @@ class ParsingTask(Task):
     def constraints(self, tgt_dictionary, src_dictionary=None, enabled: bool | None = None):
         from nmt.search.constraints import tree_constraints_for
 
-        return tree_constraints_for(tgt_dictionary, None if enabled is None else enabled,
-                                    src_dictionary)
+        return tree_constraints_for(tgt_dictionary, enabled, src_dictionary)
 
     def references(self, metric: str, data, split: str, n: int):
         if metric != "bracket-f1":
