@@ -100,3 +100,31 @@ def test_resume_with_another_model_names_the_difference(dirs, tmp_path):
     assert code == 1 and out == ""
     line = err.strip()
     assert "\n" not in line and "another model configuration (dropout 0.1 vs 0.3)" in line, line
+
+
+def test_checkpoint_from_an_older_nmt_resumes(dirs, tmp_path):
+    """A checkpoint written before a model field existed (here those added for the importers)
+    resumes: the missing fields are their defaults, the model it describes is the same. Found
+    resuming a run from the previous release, which was refused as 'another model
+    configuration (decoder_start None vs 'bos'; ...)'."""
+    import torch
+
+    save = tmp_path / "ckpt"
+    code, _, err = cli([dirs["a"], *TINY, "--max-update", "2", "--save-dir", str(save)])
+    assert code == 0, err
+    last = save / "checkpoint_last.pt"
+    ck = torch.load(last, weights_only=True)
+    for new in ("decoder_start", "layernorm_embedding", "lenpen_formula", "output_bias",
+                "tie_output", "scale_embedding", "sinusoid_layout", "position_offset"):
+        assert new in ck["model_config"]
+        del ck["model_config"][new]
+    torch.save(ck, last)
+    for stale in save.glob("checkpoint_2.pt"):
+        stale.unlink()
+    code, _, err = cli([dirs["a"], *TINY, "--max-update", "4", "--save-dir", str(save)])
+    assert code == 0, err
+    assert load_checkpoint(save / "checkpoint_last.pt")["progress"]["update"] == 4
+    # another configuration is still refused, and named as before
+    code, _, err = cli([dirs["a"], *TINY, "-o", "dropout=0.3", "--max-update", "6",
+                        "--save-dir", str(save)])
+    assert code == 1 and "another model configuration (dropout 0.1 vs 0.3)" in err

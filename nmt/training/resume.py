@@ -219,7 +219,15 @@ def check_init_data(ckpt: Mapping[str, Any], path: Path, data, data_dir: str,
 
 
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], path: Path) -> None:
-    """Refuse another model configuration, naming what differs."""
+    """Refuse another model configuration, naming what differs. A checkpoint written before a
+    configuration field existed lacks it: it counts as the field's default (the model it
+    describes is the same), as it does when the checkpoint is loaded for decoding."""
+    from nmt.config import ModelConfig
+
+    try:
+        saved = ModelConfig.from_dict(saved).to_dict()
+    except (NmtError, TypeError, ValueError):
+        saved = dict(saved)          # unreadable: the comparison below names what differs
     if dict(saved) == dict(current):
         return
     diffs = [f"{k} {saved.get(k)!r} vs {current.get(k)!r}"
