@@ -141,6 +141,12 @@ def test_translations_equal_nmt_generate_with_each_option(server, ckpt, tmp_path
     assert translate(server.url, text=lines, prefix="w5 w6") == generate(
         ckpt, tmp_path, requests, jsonl=True)
     assert translate(server.url, text=[]) == []
+    # the decoding controls (test_decoding_controls), as nmt-generate's options
+    controls = {"min_len": 3, "no_repeat_ngram_size": 2, "unkpen": 0.5, "beam": 4,
+                "diverse_beam_groups": 2, "diverse_beam_strength": 0.3, "replace_unk": True}
+    assert translate(server.url, text=lines, **controls) == generate(
+        ckpt, tmp_path, lines, "--min-len", 3, "--no-repeat-ngram-size", 2, "--unkpen", 0.5,
+        "--beam", 4, "--diverse-beam-groups", 2, "--diverse-beam-strength", 0.3, "--replace-unk")
 
 
 def test_batch_invariance_a_line_alone_and_among_concurrent_requests(server, ckpt, tmp_path):
@@ -212,6 +218,11 @@ BAD = [  # (body, status, words the reason must contain)
     (b'{"text": ["w1"], "lenpen": -1}', 400, "lenpen must be >= 0"),
     (b'{"text": ["w1"], "max_len_b": 2.5}', 400, "\"max_len_b\" must be an integer"),
     (b'{"text": ["w1"], "max_len_b": 100000}', 400, "more than 2048 output tokens"),
+    (b'{"text": ["w1"], "min_len": -1}', 400, "min_len must be >= 0"),
+    (b'{"text": ["w1"], "diverse_beam_groups": 3}', 400,
+     "diverse_beam_groups 3 must divide the beam size 4"),
+    (b'{"text": ["w1"], "replace_unk": 1}', 400, "\"replace_unk\" must be true or false"),
+    (b'{"text": ["w1"], "unkpen": "x"}', 400, "\"unkpen\" must be a number"),
     (b'{"text": ["w1", "w2"], "prefix": ["w3"]}', 400, "1 prefixes for 2 sentences"),
     (b'{"text": ["w1"], "prefix": [5]}', 400, "\"prefix\"[0] must be a string or null"),
     (json.dumps({"text": ["w1"] * 61}).encode(), 413, "61 sentences in one request"),

@@ -71,12 +71,18 @@ def test_order_count_and_empty_lines(ckpt):
     assert t.translate([]) == []
 
 
-def test_same_output_for_any_batch_size(ckpt):
+CONTROLS = [{}, {"min_len": 3, "no_repeat_ngram_size": 2, "unkpen": 0.5},
+            {"beam": 4, "diverse_beam_groups": 2, "diverse_beam_strength": 0.7}]
+
+
+@pytest.mark.parametrize("controls", CONTROLS, ids=["plain", "controls", "diverse"])
+def test_same_output_for_any_batch_size(ckpt, controls):
+    """A line translates the same whatever its batch, with the decoding controls too."""
     lines = mixed_lines(70, seed=1)
     runs = []
     for kw in ({"batch_size": 1}, {"batch_size": 7}, {"batch_size": 64},
                {"max_tokens": 25}, {"batch_size": 5, "max_tokens": 40}):
-        res = Translator.from_checkpoint(ckpt, search=SearchConfig(nbest=2),
+        res = Translator.from_checkpoint(ckpt, search=SearchConfig(nbest=2, **controls),
                                          batch=BatchConfig(**kw)).translate_results(lines)
         runs.append([[(h.ids, h.score) for h in r.hypotheses] for r in res])
     ids = [[[h[0] for h in r] for r in run] for run in runs]

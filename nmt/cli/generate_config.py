@@ -53,6 +53,29 @@ class GenerateConfig:
         SearchConfig.nbest, "Hypotheses per sentence (<= beam). Text output: NBEST lines per "
                             "input line, best first, empty lines filling up; jsonl: an 'nbest' "
                             "list.")
+    # --- controls (nmt.search.controls), as fairseq-generate's ---
+    min_len: int = option(
+        SearchConfig.min_len, "No eos before this many output tokens (subwords; at the length "
+                              "limit the eos comes all the same).", metavar="N")
+    no_repeat_ngram_size: int = option(
+        SearchConfig.no_repeat_ngram_size,
+        "No n-gram of N subwords twice in an output (0: off).", metavar="N")
+    unkpen: float = option(
+        SearchConfig.unkpen, "Subtract this from <unk>'s log-probability at each step "
+                             "(positive: fewer unknown words in the output).")
+    replace_unk: bool = option(
+        SearchConfig.replace_unk,
+        "Replace each output word holding <unk> by the source word it is aligned to (the "
+        "attention of --align-layer; copied as it is, no dictionary).")
+    diverse_beam_groups: int = option(
+        SearchConfig.diverse_beam_groups,
+        "Diverse beam search (Vijayakumar et al. 2018): split the beam into this many groups, "
+        "each penalized for the tokens earlier groups chose at the same step (it must divide "
+        "--beam; with --nbest, the n-best list spans the groups).", metavar="G")
+    diverse_beam_strength: float = option(
+        SearchConfig.diverse_beam_strength,
+        "--diverse-beam-groups: the penalty (in log-probability) per earlier group's choice of "
+        "the same token.")
     # --- batching (BatchConfig) ---
     batch_size: int | None = option(
         BatchConfig.batch_size, "Sentences per batch [default: 64 unless --max-tokens is given].")
@@ -136,8 +159,11 @@ class GenerateConfig:
                              f"(choose from {', '.join(INPUT_FORMATS)})")
         if self.print_alignment and self.output_format != "jsonl":
             raise UsageError("--print-alignment needs --output-format jsonl")
-        if self.align_layer is not None and not self.print_alignment:
-            raise UsageError("--align-layer goes with --print-alignment")
+        if self.align_layer is not None and not (self.print_alignment or self.replace_unk):
+            raise UsageError("--align-layer goes with --print-alignment or --replace-unk")
+        if self.sampling and self.diverse_beam_groups > 1:
+            raise UsageError("--diverse-beam-groups is a beam search: it does not go with "
+                             "--sampling")
         if self.reference is not None and not self.score_reference:
             raise UsageError("--reference goes with --score-reference")
         if self.score_reference and (self.sampling or self.print_alignment or self.nbest != 1):
@@ -160,7 +186,11 @@ class GenerateConfig:
         beam = max(self.beam or 1, self.nbest) if self.sampling else self.beam
         return SearchConfig(beam=beam, lenpen=self.lenpen, lenpen_formula=self.lenpen_formula,
                             max_len_a=self.max_len_a,
-                            max_len_b=self.max_len_b, nbest=self.nbest)
+                            max_len_b=self.max_len_b, nbest=self.nbest,
+                            min_len=self.min_len, no_repeat_ngram_size=self.no_repeat_ngram_size,
+                            unkpen=self.unkpen, replace_unk=self.replace_unk,
+                            diverse_beam_groups=self.diverse_beam_groups,
+                            diverse_beam_strength=self.diverse_beam_strength)
 
     @property
     def sampling_config(self):

@@ -31,10 +31,12 @@ def build_translator(sources: Sequence, cfg: GenerateConfig, device: str, precis
     loaded checkpoints)."""
     from nmt.search.translator import Translator
 
-    return Translator.from_checkpoint(
+    translator = Translator.from_checkpoint(
         sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
         sampling=cfg.sampling_config if cfg.sampling else None,
         tree_constraints=cfg.tree_constraints)
+    translator.align_layer = cfg.align_layer
+    return translator
 
 
 def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,

@@ -45,7 +45,9 @@ class TextCodec:
         return f"TextCodec({self.kind}, {len(self.dictionary)} symbols{moses})"
 
     # --- Moses ---------------------------------------------------------------------------------
-    def _tokenize(self, line: str) -> str:
+    def tokenize(self, line: str) -> str:
+        """``line`` as the subword model reads it: Moses-tokenized when the codec has a
+        language, else as it is."""
         if self.moses_lang is None:
             return line
         if self.moses_options is not None:
@@ -55,7 +57,8 @@ class TextCodec:
         # escape=False: keep '&' and '<' as they are instead of XML entities.
         return moses.tokenize(line, self.moses_lang, escape=False)
 
-    def _detokenize(self, text: str) -> str:
+    def detokenize(self, text: str) -> str:
+        """The inverse of :meth:`tokenize` on decoded subwords."""
         if self.moses_lang is None:
             return text
         unescape = self.moses_options is not None and self.moses_options["unescape"]
@@ -64,7 +67,7 @@ class TextCodec:
     # --- encoding ------------------------------------------------------------------------------
     def _ids(self, lines: Sequence[str]) -> list[list[int]]:
         if self.moses_lang is not None:
-            lines = [self._tokenize(line) for line in lines]
+            lines = [self.tokenize(line) for line in lines]
         return self.subword.encode_ids(lines)
 
     def encode(self, line: str) -> list[int]:
@@ -92,7 +95,7 @@ class TextCodec:
 
     def pieces(self, line: str) -> list[str]:
         """The subword pieces of a line (after Moses tokenization), for inspection."""
-        return self.subword.pieces(self._tokenize(line))
+        return self.subword.pieces(self.tokenize(line))
 
     # --- decoding ------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
@@ -108,7 +111,7 @@ class TextCodec:
             if i == PAD or i == BOS:
                 continue
             keep.append(i if 0 <= i < n else UNK)
-        return self._detokenize(self.subword.decode_ids(keep))
+        return self.detokenize(self.subword.decode_ids(keep))
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]

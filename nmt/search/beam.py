@@ -155,4 +155,42 @@ def split_candidates(cand_scores: Tensor, cand_tokens: Tensor, eos: int, beam: i
     return finished, pos, alive
 
 
-__all__ = ["topk_stable", "beam_candidates", "split_candidates"]
+def diverse_candidates(probs: Tensor, scores: Tensor, groups: int, strength: float, eos: int
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Diverse beam search's step (Vijayakumar et al. 2018, "Diverse Beam Search", with
+    Hamming diversity; fairseq's --diverse-beam-groups/-strength): the K rows of a sentence
+    form ``groups`` groups of K/G consecutive rows, each a beam of its own. Group g chooses
+    after groups 0..g-1, each of its tokens' log-probabilities lowered by ``strength`` times
+    the number of rows of earlier groups that chose that token at this step.
+
+    The penalty steers the choice only: the scores returned (and the hypotheses' scores) are
+    the model's log-probabilities. probs [N, K, V], scores [N, K]. Returns, each [N, 2K] (group
+    g's 2K/G candidates at columns g*2K/G..., its own beam order): cumulative scores, beam of
+    origin (a row of the whole beam), token and its log-prob; then ``finished`` [N, 2K] (eos
+    candidates among the first K/G of their group), ``pos`` [N, K] (candidate columns of the
+    next beam, group g's rows from its own candidates) and ``alive`` [N, K]."""
+    n, k, v = probs.shape
+    kg = k // groups
+    chosen = torch.zeros(n, v, dtype=probs.dtype, device=probs.device)
+    parts: list[list[Tensor]] = [[] for _ in range(7)]
+    for g in range(groups):
+        rows = slice(g * kg, (g + 1) * kg)
+        p = probs[:, rows]
+        if g and strength:
+            p = p * torch.exp(-strength * chosen).unsqueeze(1)
+        c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(p, scores[:, rows], 2 * kg)
+        if g and strength:      # back to the model's own log-probabilities
+            back = strength * chosen.gather(1, c_tokens)
+            c_scores, c_lprobs = c_scores + back, c_lprobs + back
+        fin, pos, alive = split_candidates(c_scores, c_tokens, eos, kg)
+        width = c_scores.size(1)
+        fin = torch.cat([fin, fin.new_zeros(n, width - fin.size(1))], dim=1)
+        kept = c_tokens.gather(1, pos)
+        chosen.scatter_add_(1, kept, alive.to(chosen.dtype))
+        for out, x in zip(parts, (c_scores, c_beams + g * kg, c_tokens, c_lprobs, fin,
+                                  pos + g * width, alive)):
+            out.append(x)
+    return tuple(torch.cat(x, dim=1) for x in parts)  # type: ignore[return-value]
+
+
+__all__ = ["topk_stable", "beam_candidates", "split_candidates", "diverse_candidates"]

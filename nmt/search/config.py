@@ -33,6 +33,13 @@ class SearchConfig:
     max_len_a: float | None = None    # at most floor(a * source_length + b) tokens before eos
     max_len_b: int | None = None
     nbest: int = 1                    # hypotheses returned per sentence, best first
+    # Controls (nmt.search.controls), as fairseq-generate's options of the same names:
+    min_len: int = 0                  # eos is forbidden before this many tokens
+    no_repeat_ngram_size: int = 0     # no n-gram of this size twice in an output (0: off)
+    unkpen: float = 0.0               # subtracted from <unk>'s log-probability at every step
+    replace_unk: bool = False         # each <unk> of the output becomes its aligned source word
+    diverse_beam_groups: int = 1      # diverse beam search (Vijayakumar et al. 2018): groups
+    diverse_beam_strength: float = 0.5    # ... and the penalty per earlier group's same token
 
     def __post_init__(self) -> None:
         if self.beam is not None and self.beam < 1:
@@ -47,6 +54,19 @@ class SearchConfig:
         if self.lenpen_formula is not None and self.lenpen_formula not in formulas:
             raise UsageError(f"unknown length penalty formula '{self.lenpen_formula}' "
                              f"(choose from {', '.join(formulas)})")
+        for name in ("min_len", "no_repeat_ngram_size"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name.replace('_', '-')} must be >= 0, got "
+                                 f"{getattr(self, name)}")
+        if self.diverse_beam_groups < 1:
+            raise UsageError(f"diverse-beam-groups must be >= 1, got {self.diverse_beam_groups}")
+        if self.diverse_beam_groups > 1 and self.beam is not None \
+                and self.beam % self.diverse_beam_groups:
+            raise UsageError(f"diverse-beam-groups {self.diverse_beam_groups} must divide the "
+                             f"beam size {self.beam}")
+        if self.diverse_beam_strength < 0:
+            raise UsageError(f"diverse-beam-strength must be >= 0, got "
+                             f"{self.diverse_beam_strength}")
         if (self.max_len_a or 0) < 0 or (self.max_len_b or 0) < 0:
             raise UsageError(f"max-len-a and max-len-b must be >= 0, got "
                              f"{self.max_len_a} and {self.max_len_b}")

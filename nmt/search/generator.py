@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from nmt.search.beam import beam_candidates, split_candidates
+from nmt.search.beam import beam_candidates, diverse_candidates, split_candidates
 from nmt.search.config import SearchConfig  # noqa: F401 (re-exported: it lives with the options)
+from nmt.search.controls import DecodingControls, combine
 from nmt.search.length_penalty import best_possible_score, length_penalty
 
 from nmt.specials import BOS, EOS, PAD  # noqa: F401 (re-exported)
@@ -100,6 +101,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     # Every beam of a sentence starts from the same bos: the first step decodes one row per
     # sentence, then ``expand`` gives each sentence its k rows.
     state = model.init_state(model.encode(src_tokens), group=1)
+    constraints = combine(DecodingControls.from_search(cfg), constraints)
     cstate = None if constraints is None else constraints.start(src_tokens, k, max_len)
     # Per running sentence (N of them; sentence-major rows):
     sent = torch.arange(bsz, device=device)                         # [N] index in the batch
@@ -107,7 +109,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     tokens[:, 0] = model.start_token                                # [N*K, 1 + steps]
     tok_scores = torch.zeros(bsz * k, n_steps, device=device)       # [N*K, steps]
     scores = torch.full((bsz, k), NEG_INF, device=device)           # [N, K] log P(prefix)
-    scores[:, 0] = 0.0      # one live row per sentence at first, so beams start distinct
+    scores[:, ::k // cfg.diverse_beam_groups] = 0.0  # one live row per sentence (or group)
     n_fin = torch.zeros(bsz, dtype=torch.long, device=device)       # [N] finished so far
     kth_best = torch.full((bsz,), NEG_INF, device=device)           # [N] nbest-th best score
     worst_kept = torch.full((bsz,), NEG_INF, device=device)         # [N] beam-th best (hf)
@@ -119,9 +121,8 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         vocab = probs.size(1)
         restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if formula == "hf" else None)
 
-        c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(
-            probs.view(n, k, vocab), scores, 2 * k)                    # each [N, C]
-        fin, pos, alive = split_candidates(c_scores, c_tokens, EOS, k)
+        c_scores, c_beams, c_tokens, c_lprobs, fin, pos, alive = _candidates(
+            probs.view(n, k, vocab), scores, cfg)                      # each [N, C] or [N, K]
 
         if bool(fin.any()):
             _collect_finished(finished, fin, sent, c_scores, c_beams, c_lprobs, tokens,
@@ -160,6 +161,19 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     return _best_hypotheses(finished, cfg.nbest)
 
 
+def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig):
+    """The step's candidates (scores, beams, tokens, log-probs), the finished ones among them,
+    the candidate positions of the next beam and whether each of its rows is alive
+    (nmt.search.beam): one beam, or ``cfg.diverse_beam_groups`` diverse groups."""
+    k = probs.size(1)
+    if cfg.diverse_beam_groups > 1:
+        return diverse_candidates(probs, scores, cfg.diverse_beam_groups,
+                                  cfg.diverse_beam_strength, EOS)
+    c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(probs, scores, 2 * k)
+    return (c_scores, c_beams, c_tokens, c_lprobs,
+            *split_candidates(c_scores, c_tokens, EOS, k))
+
+
 def _sentences_done(new_scores: Tensor, alive: Tensor, max_len: Tensor, step: int,
                     n_fin: Tensor, bests: tuple[Tensor, Tensor], k: int, nbest: int,
                     penalty: tuple[float, str]) -> Tensor:
@@ -168,11 +182,13 @@ def _sentences_done(new_scores: Tensor, alive: Tensor, max_len: Tensor, step: in
     transformers decides), or none of the live ones can win any more, or none is live.
     ``bests``: the nbest-th and the beam-th best finished scores, [N] each."""
     (alpha, formula), (kth_best, worst_kept) = penalty, bests
-    bound = best_possible_score(new_scores[:, 0], max_len + 1, alpha, formula)   # [N]
+    # The best live score: the first row's, as rows are sorted, except with diverse groups.
+    best_live = new_scores.amax(dim=1)                                           # [N]
+    bound = best_possible_score(best_live, max_len + 1, alpha, formula)          # [N]
     enough = n_fin >= k
     if formula == "hf":
-        enough &= new_scores[:, 0] / length_penalty(step + 1, alpha, formula) <= worst_kept
-    return enough | ((n_fin >= nbest) & (bound <= kth_best)) | ~alive[:, 0]
+        enough &= best_live / length_penalty(step + 1, alpha, formula) <= worst_kept
+    return enough | ((n_fin >= nbest) & (bound <= kth_best)) | ~alive.any(dim=1)
 
 
 def _decoder_step(model, tokens: Tensor, state, step: int, k: int):

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from nmt.errors import UsageError
 from nmt.search.config import SamplingConfig, SearchConfig
+from nmt.search.controls import DecodingControls, combine
 from nmt.search.generator import Hypothesis, max_lengths
 from nmt.search.generator import restrict as restrict_step
 from nmt.search.length_penalty import length_penalty
@@ -59,6 +60,7 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     rngs = [np.random.Generator(np.random.PCG64([cfg.seed, int(line), j]))
             for line in lines for j in range(n)]
     state = model.init_state(model.encode(src_tokens), group=n)
+    constraints = combine(DecodingControls.from_search(search), constraints)
     cstate = None if constraints is None else constraints.start(src_tokens, n, max_len)
     prev = torch.full((rows, 1), model.start_token, dtype=torch.long,
                       device=src_tokens.device)

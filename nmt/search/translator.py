@@ -103,6 +103,9 @@ class Translator:
         self.constraints = self.task.constraints(tgt_codec.dictionary, src_codec.dictionary,
                                                  tree_constraints)
         self.sampling = sampling
+        # The decoder layer whose attention --replace-unk follows (nmt.search.forced.align;
+        # None: the penultimate).
+        self.align_layer: int | None = None
         limit = self.ensemble.max_positions
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
         self.max_source_len = (self.batch.max_source_len if limit is None
@@ -236,6 +239,10 @@ class Translator:
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
                 progress(len(batch))
+        if self.search.replace_unk:
+            from nmt.search.replace_unk import replace_unknowns
+
+            replace_unknowns(self, results, self.align_layer)
         return results
 
     def source_array(self, ids: Sequence[int] | np.ndarray, line: int) -> tuple[np.ndarray, bool]:

@@ -5,6 +5,9 @@
      "model": "NAME",                              required when several models are served
      "beam": 4, "lenpen": 0.6,                     decoding, as nmt-generate's --beam ...;
      "max_len_a": 1.0, "max_len_b": 50,            unset: the checkpoint's preset
+     "min_len": 0, "no_repeat_ngram_size": 0,      controls, as nmt-generate's --min-len ...
+     "unkpen": 0.0, "replace_unk": false,
+     "diverse_beam_groups": 1, "diverse_beam_strength": 0.5,
      "prefix": ["Ein", null, ...] or "Ein"}        forced translation prefixes (nmt-generate's
                                                    jsonl "prefix"): one per sentence, or one
                                                    for all; null or "" for none
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -24,7 +28,12 @@ from nmt.search.config import SearchConfig
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import ServedModel
 
-FIELDS = ("text", "model", "beam", "lenpen", "max_len_a", "max_len_b", "prefix")
+FIELDS = ("text", "model", "beam", "lenpen", "max_len_a", "max_len_b", "prefix", "min_len",
+          "no_repeat_ngram_size", "unkpen", "replace_unk", "diverse_beam_groups",
+          "diverse_beam_strength")
+# The controls a request may set, with their defaults (SearchConfig's) and kinds.
+CONTROLS = {"min_len": True, "no_repeat_ngram_size": True, "unkpen": False,
+            "diverse_beam_groups": True, "diverse_beam_strength": False}
 _KINDS = {dict: "an object", list: "a list", int: "a number", float: "a number",
           bool: "true/false", type(None): "null", str: "a string"}
 
@@ -123,13 +132,21 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> Se
     if beam is not None and beam > cfg.max_beam:
         raise RequestError(400, f"\"beam\" {beam} is larger than this server allows "
                                 f"({cfg.max_beam}, --max-beam)")
+    controls = {k: v for k, integer in CONTROLS.items()
+                if (v := number(k, integer)) is not None}
+    replace_unk = obj.get("replace_unk", False)
+    if not isinstance(replace_unk, bool):
+        raise RequestError(400, f"\"replace_unk\" must be true or false, got "
+                                f"{_kind(replace_unk)}")
     try:
         search = SearchConfig(beam=beam, lenpen=number("lenpen", False),
                               max_len_a=number("max_len_a", False),
-                              max_len_b=number("max_len_b", True))
+                              max_len_b=number("max_len_b", True), replace_unk=replace_unk,
+                              **controls)
+        return search.resolve(served.translator.search)
     except NmtError as e:
-        raise RequestError(400, str(e).replace("max-len-", "max_len_")) from None
-    return search.resolve(served.translator.search)
+        # The request's names: max_len_a, not the command line's --max-len-a.
+        raise RequestError(400, re.sub(r"(?<=[a-z])-(?=[a-z])", "_", str(e))) from None
 
 
 def _prefixes(value: Any, n: int, served: ServedModel) -> list[str | None] | None:
