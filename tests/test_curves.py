@@ -78,6 +78,9 @@ def test_every_run_leaves_a_png_with_the_validation_scores(data_dir, tmp_path):
                   "valid BLEU", "valid chrF"):
         assert label in labels, labels
     assert len(fig.axes) == 3
+    # checkpoint_best.pt is marked where it was saved, on the loss and the metric panels
+    best = load_checkpoint(save / "checkpoint_best.pt")["progress"]["update"]
+    assert labels.count(f"checkpoint_best.pt ({best})") == 2, labels
 
 
 def test_curves_show_every_decoding_metric_and_each_update_once(tmp_path):
@@ -95,10 +98,29 @@ def test_curves_show_every_decoding_metric_and_each_update_once(tmp_path):
     assert list(lines["train loss"].get_xdata()) == [1, 2, 3, 4]
     assert list(lines["valid bracket F1"].get_ydata()) == [61.0, 70.0]
     assert "valid BLEU" not in lines
+    assert "checkpoint_best.pt (2)" not in lines           # no "best" record: no marker
     log = tmp_path / "train_log.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tra')   # cut line
     assert plot_curves(log, tmp_path / "curves.png") == tmp_path / "curves.png"
     png_size(tmp_path / "curves.png")
+
+
+def test_the_best_marker_follows_resumes():
+    """A run killed after marking update 6 best and resumed from its checkpoint 4 marks what
+    the resumed run finds best, not the killed run's 6."""
+    from nmt.training.curves import best_update
+
+    def train(u):
+        return {"kind": "train", "update": u, "loss": 1.0, "nll_loss": 1.0}
+
+    def best(u):
+        return {"kind": "best", "update": u, "metric": "loss", "value": 1.0}
+
+    killed = [train(2), best(2), train(4), best(4), train(6), best(6)]
+    assert best_update(killed) == 6
+    assert best_update(killed + [train(5), train(6)]) == 4
+    assert best_update(killed + [train(5), train(6), best(6), train(8)]) == 6
+    assert best_update([train(2), train(4)]) is None
 
 
 def test_without_matplotlib_one_warning_says_how_to_get_it(tmp_path, monkeypatch, caplog):

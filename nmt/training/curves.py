@@ -160,12 +160,38 @@ def draw_curves(fig, records: list[dict[str, Any]]) -> None:
     axes[1].set_xlabel("update")
     axes[1].set_ylabel("lr")
     axes[1].legend()
+    best = best_update(records)
+    if best is not None:
+        ax.axvline(best, color="0.4", linestyle="--", label=f"checkpoint_best.pt ({best})")
+        ax.legend()
     if metrics:
         for key in metrics:
             axes[2].plot(*_xy(valid, key), "o-", label=f"valid {DECODING_METRICS[key]}")
+        if best is not None:
+            axes[2].axvline(best, color="0.4", linestyle="--",
+                            label=f"checkpoint_best.pt ({best})")
         axes[2].set_xlabel("update")
         axes[2].set_ylabel("score (decoded validation split)")
         axes[2].legend()
+
+
+def best_update(records: list[dict[str, Any]]) -> int | None:
+    """The update whose save is checkpoint_best.pt: the last "best" record (written when a
+    save's validation is the best so far). A run resumed from an earlier checkpoint logs
+    updates again; the "best" records its predecessor wrote from there on are dropped."""
+    best: list[int] = []
+    seen = 0
+    for r in records:
+        u = r.get("update")
+        if not isinstance(u, int):
+            continue
+        if r.get("kind") == "best":
+            best.append(u)
+        elif r.get("kind") == "train":
+            if u <= seen:               # resumed: the updates from u on are done again
+                best = [b for b in best if b < u]
+            seen = max(seen, u)
+    return best[-1] if best else None
 
 
 def plot_curves(log_path: str | os.PathLike, png_path: str | os.PathLike) -> Path | None:

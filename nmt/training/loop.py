@@ -206,6 +206,8 @@ class Run:
         # the best score always has a checkpoint.
         value = self.selection.value(valid)
         improved = self.selection.observe(self.trainer.num_updates, value)
+        if improved and self.is_main:
+            report.best(self.jsonl, self.trainer.num_updates, self.selection.metric, value)
         if valid is not None:
             valid = {**valid, "best": improved}
         self.saved_at = self.save(valid, is_best=improved)

@@ -81,6 +81,11 @@ def nonfinite(stats: Any, trainer, max_nonfinite: int, save_dir: Path, is_main: 
                        f"intact); {TRY}")
 
 
+def best(jsonl, update: int, metric: str, value: float) -> None:
+    """Record that the save of ``update`` is now checkpoint_best.pt (curves.png marks it)."""
+    jsonl.write({"kind": "best", "update": update, "metric": metric, "value": value})
+
+
 def end(summary: dict[str, float], seconds: float, update: int, jsonl, tensorboard,
         save_dir: Path) -> None:
     """The summary line and record; closes the logs and draws SAVE_DIR/curves.png."""
@@ -92,4 +97,4 @@ def end(summary: dict[str, float], seconds: float, update: int, jsonl, tensorboa
     plot_curves(save_dir / "train_log.jsonl", save_dir / "curves.png")
 
 
-__all__ = ["start", "check_finite", "train_line", "nonfinite", "end"]
+__all__ = ["start", "check_finite", "train_line", "nonfinite", "best", "end"]
