@@ -129,6 +129,17 @@ def test_sharded_equals_unsharded_and_workers_agree(corpus, tmp_path):
     for lang in ("en", "de"):
         assert (tmp_path / "one" / f"train.{lang}.0.bin").read_bytes() == \
             (tmp_path / "pool" / f"train.{lang}.0.bin").read_bytes()
+    # sentencepiece records its trainer's thread count in the model: the files differ, the
+    # models do not, and a checkpoint trained on one resumes on the other (found when a
+    # recipe rerun with another --threads preprocessed again and its run could not resume)
+    one_dd, pool_dd = DataDir.open(tmp_path / "one"), DataDir.open(tmp_path / "pool")
+    assert (tmp_path / "one" / "subword.en.model").read_bytes() != \
+        (tmp_path / "pool" / "subword.en.model").read_bytes()
+    assert one_dd.src_codec.same_as(pool_dd.src_codec)
+    assert one_dd.tgt_codec.same_as(pool_dd.tgt_codec)
+    # ... while another vocabulary size is another model
+    run(*common[:-4], "--vocab-size", 480, "--seed", 3, "--destdir", tmp_path / "other")
+    assert not one_dd.src_codec.same_as(DataDir.open(tmp_path / "other").src_codec)
 
 
 def test_subword_none_and_moses(tmp_path):

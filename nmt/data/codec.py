@@ -142,7 +142,7 @@ class TextCodec:
     def same_as(self, other: "TextCodec") -> bool:
         """True when both encode and decode identically."""
         return self.to_state() == other.to_state() or (
-            self.subword.to_state() == other.subword.to_state()
+            self.subword.identity() == other.subword.identity()
             and self.dictionary == other.dictionary and self.moses_lang == other.moses_lang
             and self.moses_options == other.moses_options)
 

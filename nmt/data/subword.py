@@ -64,6 +64,12 @@ class SentencePieceBPE(SubwordModel):
     def to_state(self) -> dict:
         return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii")}
 
+    def identity(self) -> dict:
+        """The model without what only records how it was trained (sentencepiece keeps its
+        trainer's thread count, file names and sampling sizes in the model): the same text
+        preprocessed with another --workers gives the same model."""
+        return {"kind": self.kind, "model": encoding_proto(self.proto)}
+
     @classmethod
     def from_state(cls, state: dict) -> "SentencePieceBPE":
         return cls(base64.b64decode(state["model"]))
@@ -80,6 +86,65 @@ class SentencePieceBPE(SubwordModel):
             return cls(data)
         except NmtError as e:
             raise NmtError(f"{path}: {e}") from None
+
+
+# sentencepiece's TrainerSpec fields (sentencepiece_model.proto) that only say how the model
+# was trained: input, model_prefix, self_test_sample_size, input_format, input_sentence_size,
+# mining_ and training_sentence_size, seed_sentencepiece_size, num_threads,
+# num_sub_iterations, shuffle_input_sentence, train_extremely_large_corpus.
+TRAINING_ONLY = frozenset({1, 2, 6, 7, 11, 12, 13, 14, 16, 17, 19, 49})
+TRAINER_SPEC = 2          # ModelProto.trainer_spec
+
+
+def encoding_proto(proto: bytes) -> bytes:
+    """``proto`` (a serialized sentencepiece ModelProto) without the TRAINING_ONLY fields of
+    its trainer spec, as a comparison key (read with the protobuf wire format, so that nmt
+    needs no protobuf package); the proto itself when it does not parse."""
+    try:
+        out = []
+        for number, raw, payload in _wire_fields(proto):
+            if number == TRAINER_SPEC:
+                length, start = _varint(payload, 0)
+                kept = [r for n, r, _ in _wire_fields(payload[start:start + length])
+                        if n not in TRAINING_ONLY]
+                raw = b"\x12" + b"".join(kept)       # a key, not a valid proto
+            out.append(raw)
+        return b"".join(out)
+    except (IndexError, ValueError):
+        return proto
+
+
+def _wire_fields(buf: bytes) -> list[tuple[int, bytes, bytes]]:
+    """(field number, the field's bytes, its value's bytes) of each field of a message."""
+    out, i = [], 0
+    while i < len(buf):
+        key, start = _varint(buf, i)
+        kind = key & 7
+        if kind == 0:
+            end = _varint(buf, start)[1]
+        elif kind in (1, 5):
+            end = start + (8 if kind == 1 else 4)
+        elif kind == 2:
+            length, at = _varint(buf, start)
+            end = at + length
+        else:
+            raise ValueError(f"wire type {kind}")
+        if end > len(buf):
+            raise ValueError("truncated")
+        out.append((key >> 3, buf[i:end], buf[start:end]))
+        i = end
+    return out
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
 
 
 def _spm_reason(e: Exception) -> str:

@@ -33,6 +33,11 @@ class SubwordModel:
     def to_state(self) -> dict:
         raise NotImplementedError
 
+    def identity(self) -> dict:
+        """What decides how this model encodes and decodes: two models with equal identities
+        are the same model (nmt.data.codec.TextCodec.same_as). Default: the whole state."""
+        return self.to_state()
+
     def save(self, path: Path) -> None:
         raise NotImplementedError
 
