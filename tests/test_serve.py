@@ -141,6 +141,19 @@ def test_translations_equal_nmt_generate_with_each_option(server, ckpt, tmp_path
     assert translate(server.url, text=lines, prefix="w5 w6") == generate(
         ckpt, tmp_path, requests, jsonl=True)
     assert translate(server.url, text=[]) == []
+    # lexical constraints: nmt-generate's jsonl "constraints", a list per sentence or one
+    # list for all (test_lexical_constraints)
+    constraints = [None if i % 4 == 1 else [WORDS[i % 11], f"{WORDS[i % 5]} {WORDS[9]}"]
+                   for i in range(len(lines))]
+    requests = [json.dumps({"source": s, "constraints": c}) for s, c in zip(lines, constraints)]
+    want = generate(ckpt, tmp_path, requests, jsonl=True)
+    assert translate(server.url, text=lines, constraints=constraints) == want
+    assert all(f" {w} " in f" {t} " for t, c, x in zip(want, constraints, lines)
+               if c and x.strip() for w in c)
+    requests = [json.dumps({"source": s, "constraints": ["w3", "w4 w5"], "prefix": "w6"})
+                for s in lines]
+    assert translate(server.url, text=lines, constraints=["w3", "w4 w5"], prefix="w6") == \
+        generate(ckpt, tmp_path, requests, jsonl=True)
     # the decoding controls (test_decoding_controls), as nmt-generate's options
     controls = {"min_len": 3, "no_repeat_ngram_size": 2, "unkpen": 0.5, "beam": 4,
                 "diverse_beam_groups": 2, "diverse_beam_strength": 0.3, "replace_unk": True}
@@ -225,6 +238,18 @@ BAD = [  # (body, status, words the reason must contain)
     (b'{"text": ["w1"], "unkpen": "x"}', 400, "\"unkpen\" must be a number"),
     (b'{"text": ["w1", "w2"], "prefix": ["w3"]}', 400, "1 prefixes for 2 sentences"),
     (b'{"text": ["w1"], "prefix": [5]}', 400, "\"prefix\"[0] must be a string or null"),
+    (b'{"text": ["w1"], "constraints": "w2"}', 400, "\"constraints\" must be a list"),
+    (b'{"text": ["w1", "w2"], "constraints": [["w3"]]}', 400,
+     "1 constraint lists for 2 sentences"),
+    (b'{"text": ["w1"], "constraints": [["w3", 4]]}', 400,
+     "\"constraints\"[0][1] must be a string, got a number"),
+    (b'{"text": ["w1"], "constraints": ["w3", ""]}', 400, "\"constraints\"[1] is empty"),
+    (b'{"text": ["w1", "w2"], "constraints": [null, ["w3 zebra"]]}', 400,
+     "\"text\"[1]: constraint 1 ('w3 zebra') cannot be spelled"),
+    (b'{"text": ["w1"], "constraints": ["w2", "w3"], "max_len_a": 0, "max_len_b": 1}', 400,
+     "\"text\"[0]: its constraints need 2 target tokens, more than the 1"),
+    (b'{"text": ["w1"], "constraints": ["w2"], "diverse_beam_groups": 2}', 400,
+     "lexical constraints do not go with diverse beam groups"),
     (json.dumps({"text": ["w1"] * 61}).encode(), 413, "61 sentences in one request"),
     (json.dumps({"text": ["w1", " ".join(["w2"] * 31)]}).encode(), 413,
      "\"text\"[1] has 31 subwords"),

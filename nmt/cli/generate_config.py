@@ -98,7 +98,9 @@ class GenerateConfig:
     input_format: str = option(
         "text", "text: one raw sentence per line; jsonl: one object per line, {\"source\": "
                 "...}, optionally with \"prefix\" (the translation starts with it, then beam "
-                "search goes on) and \"target\" (for --score-reference).",
+                "search goes on), \"constraints\" (a list of phrases the translation must "
+                "contain: lexically constrained beam search with dynamic beam allocation) and "
+                "\"target\" (for --score-reference).",
         choices=INPUT_FORMATS)
     output_format: str = option(
         "text", "text: detokenized translations; jsonl: one object per line with id, source, "

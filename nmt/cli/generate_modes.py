@@ -1,5 +1,6 @@
 """What nmt-generate does with its input besides plain translation: jsonl requests (forced
-prefixes), alignments added to jsonl output, and scoring given pairs (--score-reference)."""
+prefixes, lexical constraints), alignments added to jsonl output, and scoring given pairs
+(--score-reference)."""
 
 from __future__ import annotations
 
@@ -44,22 +45,27 @@ def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
     """The results and output lines of one chunk of input: raw lines (text input) or
     nmt.search.requests.Request objects (jsonl input, parsed by the caller)."""
 
-    prefixes = None
+    prefixes = constraints = None
     if cfg.input_format == "jsonl":
         lines = [r.source for r in chunk]
         if any(r.prefix for r in chunk):
             prefixes = [r.prefix for r in chunk]
+        if any(r.constraints for r in chunk):
+            constraints = [r.constraints for r in chunk]
     else:
         lines = chunk
     results = translator.translate_results(lines, progress=progress, first_line=first,
-                                           prefixes=prefixes)
-    if cfg.output_format != "jsonl" or (prefixes is None and not cfg.print_alignment):
+                                           prefixes=prefixes, constraints=constraints)
+    if cfg.output_format != "jsonl" or (prefixes is None and constraints is None
+                                        and not cfg.print_alignment):
         return results, [format_result(r, cfg.output_format, cfg.nbest) for r in results]
     extra = alignments(translator, results, cfg.align_layer) if cfg.print_alignment \
         else [{} for _ in results]
     for i, r in enumerate(results):
         if prefixes is not None and prefixes[i]:
             extra[i]["prefix"] = prefixes[i]
+        if constraints is not None and constraints[i]:
+            extra[i]["constraints"] = constraints[i]
     return results, [json.dumps({**r.to_json(), **e}, ensure_ascii=False)
                      for r, e in zip(results, extra)]
 

@@ -22,8 +22,9 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     NAME=CHECKPOINT) over HTTP until SIGTERM or Ctrl-C.
 
     POST /translate with {"text": [...]} (and "model" when several are served; "beam",
-    "lenpen", "max_len_a", "max_len_b" and "prefix" as nmt-generate's options and jsonl
-    field) answers {"translations": [...]}, in order, as nmt-generate translates them.
+    "lenpen", "max_len_a", "max_len_b", ... as nmt-generate's options, "prefix" and
+    "constraints" as its jsonl fields) answers {"translations": [...]}, in order, as
+    nmt-generate translates them.
     Concurrent requests with equal decoding options are decoded together (--max-batch-tokens,
     --max-wait-ms). GET /health: alive; GET /ready: models loaded. Logs go to stderr.
 

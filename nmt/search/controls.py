@@ -82,9 +82,11 @@ def ban_repeats(probs: Tensor, history: Tensor, n: int) -> None:
 
 
 def combine(*constraints):
-    """One constraints object applying each given one (None ones left out) in order: its
-    ``restrict`` runs theirs one after the other, its ``advance`` advances them all."""
-    parts = [c for c in constraints if c is not None]
+    """One constraints object applying each given one (None ones left out; combined ones
+    flattened) in order: its ``restrict`` runs theirs one after the other, its ``advance``
+    advances them all, its ``select`` is the first one's that has one."""
+    parts = [p for c in constraints if c is not None
+             for p in (c.parts if isinstance(c, Combined) else (c,))]
     if len(parts) <= 1:
         return parts[0] if parts else None
     return Combined(tuple(parts))
@@ -108,6 +110,13 @@ class CombinedState:
 
     def advance(self, rows: Tensor, tokens: Tensor) -> "CombinedState":
         return CombinedState([s.advance(rows, tokens) for s in self.states])
+
+    @property
+    def select(self):
+        """The candidate selection of the first state with one (nmt.search.generator's hook:
+        lexical constraints' dynamic beam allocation); None when none has one."""
+        return next((f for s in self.states if (f := getattr(s, "select", None)) is not None),
+                    None)
 
 
 __all__ = ["DecodingControls", "ControlsState", "ban_repeats", "combine"]

@@ -37,7 +37,9 @@ nmt.search.constraints.TreeConstraints for linearized trees) restrict what each 
 ``constraints.start(src_tokens, beam, max_len)`` gives a state whose ``restrict(probs, step)``
 zeroes the forbidden tokens of ``probs`` [N*K, V] in place (before the forced eos) and whose
 ``advance(rows, tokens)`` returns the state of the next beam (new row i extends old row
-``rows[i]`` with ``tokens[i]``; sentences that left the batch are gone from ``rows``).
+``rows[i]`` with ``tokens[i]``; sentences that left the batch are gone from ``rows``). A state
+with a ``select(probs, scores)`` method also chooses the step's candidates itself, in place of
+step 2-3 (nmt.search.lexical: dynamic beam allocation).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from nmt.errors import UsageError
 from nmt.search.beam import beam_candidates, diverse_candidates, split_candidates
 from nmt.search.config import SearchConfig  # noqa: F401 (re-exported: it lives with the options)
 from nmt.search.controls import DecodingControls, combine
@@ -122,7 +125,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if formula == "hf" else None)
 
         c_scores, c_beams, c_tokens, c_lprobs, fin, pos, alive = _candidates(
-            probs.view(n, k, vocab), scores, cfg)                      # each [N, C] or [N, K]
+            probs.view(n, k, vocab), scores, cfg, cstate)              # each [N, C] or [N, K]
 
         if bool(fin.any()):
             _collect_finished(finished, fin, sent, c_scores, c_beams, c_lprobs, tokens,
@@ -161,11 +164,19 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     return _best_hypotheses(finished, cfg.nbest)
 
 
-def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig):
+def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig, cstate=None):
     """The step's candidates (scores, beams, tokens, log-probs), the finished ones among them,
     the candidate positions of the next beam and whether each of its rows is alive
-    (nmt.search.beam): one beam, or ``cfg.diverse_beam_groups`` diverse groups."""
+    (nmt.search.beam): one beam, or ``cfg.diverse_beam_groups`` diverse groups, or the
+    constraints state's own ``select(probs, scores)`` when it has one (lexical constraints:
+    nmt.search.lexical)."""
     k = probs.size(1)
+    select = getattr(cstate, "select", None)
+    if select is not None:
+        if cfg.diverse_beam_groups > 1:
+            raise UsageError("diverse beam groups cannot choose their candidates where the "
+                             "constraints choose them (lexical constraints)")
+        return select(probs, scores)
     if cfg.diverse_beam_groups > 1:
         return diverse_candidates(probs, scores, cfg.diverse_beam_groups,
                                   cfg.diverse_beam_strength, EOS)

@@ -1,5 +1,6 @@
 """nmt-generate's jsonl input: one JSON object per line, ``{"source": ...}`` with an optional
-``"prefix"`` (the translation must start with it) and ``"target"`` (the reference that
+``"prefix"`` (the translation must start with it), ``"constraints"`` (a list of phrases the
+translation must contain: nmt.search.lexical) and ``"target"`` (the reference that
 ``--score-reference`` scores). An empty line is an empty source, so that output stays
 aligned with input; anything else that is not such an object is a one-line NmtError naming
 the line."""
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from nmt.errors import NmtError
 
-FIELDS = ("source", "prefix", "target")
+FIELDS = ("source", "prefix", "target")          # the string fields; and "constraints"
 _JSON_TYPES = {dict: "an object", list: "a list", int: "a number", float: "a number",
                bool: "true/false", type(None): "null", str: "a string"}
 
@@ -21,6 +22,7 @@ class Request:
     source: str
     prefix: str | None = None
     target: str | None = None
+    constraints: list[str] | None = None
 
 
 def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
@@ -37,17 +39,37 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
         raise NmtError(f"{where}: JSON nested too deeply for the parser; --input-format "
                        f"jsonl reads one flat object per line") from None
     if not isinstance(obj, dict):
-        raise NmtError(f"{where}: expected a JSON object with \"source\", got "
-                       f"{_JSON_TYPES.get(type(obj), type(obj).__name__)}")
+        raise NmtError(f"{where}: expected a JSON object with \"source\", got {_kind(obj)}")
     if "source" not in obj:
         raise NmtError(f"{where}: no \"source\" (the object has "
                        f"{', '.join(map(repr, obj)) or 'no keys'})")
     for key in FIELDS:
         value = obj.get(key)
         if value is not None and not isinstance(value, str):
-            raise NmtError(f"{where}: \"{key}\" must be a string, got "
-                           f"{_JSON_TYPES.get(type(value), type(value).__name__)}")
-    return Request(obj["source"] or "", obj.get("prefix"), obj.get("target"))
+            raise NmtError(f"{where}: \"{key}\" must be a string, got {_kind(value)}")
+    if problem := phrases_problem(obj.get("constraints")):
+        raise NmtError(f"{where}: {problem}")
+    return Request(obj["source"] or "", obj.get("prefix"), obj.get("target"),
+                   obj.get("constraints"))
+
+
+def phrases_problem(value, name: str = "\"constraints\"") -> str | None:
+    """What is wrong with ``value`` as a list of constraint phrases (a list of non-blank
+    strings; None is none), said of ``name``; None when nothing is."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        return f"{name} must be a list of strings, got {_kind(value)}"
+    for i, x in enumerate(value):
+        if not isinstance(x, str):
+            return f"{name}[{i}] must be a string, got {_kind(x)}"
+        if not x.strip():
+            return f"{name}[{i}] is empty"
+    return None
+
+
+def _kind(value) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def parse_requests(lines: list[str], first_line: int = 1,
@@ -55,4 +77,4 @@ def parse_requests(lines: list[str], first_line: int = 1,
     return [parse_request(line, first_line + i, name) for i, line in enumerate(lines)]
 
 
-__all__ = ["Request", "parse_request", "parse_requests"]
+__all__ = ["Request", "parse_request", "parse_requests", "phrases_problem"]

@@ -62,6 +62,9 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     state = model.init_state(model.encode(src_tokens), group=n)
     constraints = combine(DecodingControls.from_search(search), constraints)
     cstate = None if constraints is None else constraints.start(src_tokens, n, max_len)
+    if getattr(cstate, "select", None) is not None:
+        raise UsageError("constraints that choose the beam's candidates themselves (lexical "
+                         "constraints) cannot be sampled")
     prev = torch.full((rows, 1), model.start_token, dtype=torch.long,
                       device=src_tokens.device)
     out: list[list[int]] = [[] for _ in range(rows)]

@@ -179,14 +179,19 @@ class Translator:
 
     def translate_results(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
                           first_line: int = 1,
-                          prefixes: Sequence[str | None] | None = None) -> list[Translation]:
+                          prefixes: Sequence[str | None] | None = None,
+                          constraints: Sequence[Sequence[str] | None] | None = None
+                          ) -> list[Translation]:
         """Rich results (scores, tokens, n-best) for raw sentences, in input order.
 
         ``progress(n)`` is called after each batch with the number of sentences it finished;
         ``first_line`` is the 1-based line number of ``lines[0]`` in the whole input (for
         warnings and each result's ``index``, ``first_line - 1`` for it). ``prefixes`` (one per
         line, None or "" for none): raw target text each translation must start with; it is
-        encoded with the target codec and beam search continues after it.
+        encoded with the target codec and beam search continues after it. ``constraints`` (one
+        list per line, None or [] for none): raw target phrases each translation must contain
+        (nmt.search.lexical), each encoded with the target codec; one it cannot spell is a
+        one-line NmtError naming its line.
         """
         if isinstance(lines, (str, bytes)):
             raise TypeError("translate_results takes a list of sentences, not one string; "
@@ -201,17 +206,30 @@ class Translator:
             if len(prefixes) != len(lines):
                 raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} sentences")
             prefix_ids = [self.tgt_codec.encode(p) if p else [] for p in prefixes]
+        constraint_ids = None
+        if constraints is not None:
+            from nmt.search.lexical import encode_constraints
+
+            if len(constraints) != len(lines) or any(isinstance(c, str) for c in constraints):
+                raise ValueError(f"constraints takes one list of phrases per sentence (None "
+                                 f"for none), got {len(constraints)} entries for "
+                                 f"{len(lines)} sentences")
+            constraint_ids = [encode_constraints(self.tgt_codec, c, f"line {first_line + i}")
+                              for i, c in enumerate(constraints)]
         return self.translate_ids(ids, sources=lines, progress=progress, first_line=first_line,
-                                  prefixes=prefix_ids)
+                                  prefixes=prefix_ids, constraints=constraint_ids)
 
     def translate_ids(self, ids: Sequence[Sequence[int] | np.ndarray],
                       sources: Sequence[str] | None = None,
                       progress: Callable[[int], None] | None = None,
                       first_line: int = 1,
-                      prefixes: Sequence[Sequence[int]] | None = None) -> list[Translation]:
+                      prefixes: Sequence[Sequence[int]] | None = None,
+                      constraints: Sequence[Sequence[Sequence[int]]] | None = None
+                      ) -> list[Translation]:
         """Translate already-encoded sources (ids without eos), e.g. a binarized test split;
         ``prefixes``: target ids (without eos) each translation starts with (see
-        nmt.search.prefix)."""
+        nmt.search.prefix); ``constraints``: per source, the target ids (without eos) of each
+        phrase its translation must contain (nmt.search.lexical)."""
         n = len(ids)
         if sources is None:
             sources = [self.src_codec.decode(x) for x in ids]
@@ -222,19 +240,23 @@ class Translator:
         for i, x in enumerate(ids):
             a, results[i].truncated = self.source_array(x, first_line + i)
             arrays.append(a)
+        if constraints is not None and not any(len(c) for c in constraints):
+            constraints = None
+        if constraints is not None:
+            self._check_constraints(arrays, constraints, prefixes, first_line)
         empty = [i for i in range(n) if arrays[i].size == 0]
         if progress is not None and empty:
             progress(len(empty))
         for batch in self._batches(arrays):
             src = self._collate([arrays[i] for i in batch])
-            constraints = self._constraints(batch, prefixes)
+            cons = self._constraints(batch, prefixes, constraints)
             if self.sampling is not None:
                 from nmt.search.sampling import sample
 
                 hyps = sample(self.ensemble, src, self.search, self.sampling,
-                              [first_line + i for i in batch], constraints=constraints)
+                              [first_line + i for i in batch], constraints=cons)
             else:
-                hyps = beam_search(self.ensemble, src, self.search, constraints=constraints)
+                hyps = beam_search(self.ensemble, src, self.search, constraints=cons)
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
@@ -259,16 +281,37 @@ class Translator:
                     "truncated", line, a.size, self.max_source_len)
         return a[:self.max_source_len], True
 
-    def _constraints(self, batch: list[int], prefixes: Sequence[Sequence[int]] | None):
-        """The tree constraints, or the batch's forced prefixes (not both)."""
-        if prefixes is None or not any(len(prefixes[i]) for i in batch):
+    def _check_constraints(self, arrays: list[np.ndarray], constraints, prefixes,
+                           first_line: int) -> None:
+        """Before anything is decoded: lexical constraints go with this decoding, and each
+        line's constraints (after its prefix) fit in its length limit (one-line errors)."""
+        from nmt.search.lexical import check_room, refuse_with
+
+        if len(constraints) != len(arrays):
+            raise ValueError(f"{len(constraints)} constraint lists for {len(arrays)} sources")
+        refuse_with(self.search, self.sampling is not None, self.constraints is not None)
+        for i, (a, cs) in enumerate(zip(arrays, constraints)):
+            check_room(cs, len(prefixes[i]) if prefixes else 0, a.size, self.search,
+                       self.ensemble.max_positions, f"line {first_line + i}")
+
+    def _constraints(self, batch: list[int], prefixes: Sequence[Sequence[int]] | None,
+                     constraints: Sequence[Sequence[Sequence[int]]] | None = None):
+        """The tree constraints, or the batch's forced prefixes and lexical constraints (not
+        with tree constraints)."""
+        has_prefix = prefixes is not None and any(len(prefixes[i]) for i in batch)
+        has_lexical = constraints is not None and any(len(constraints[i]) for i in batch)
+        if not (has_prefix or has_lexical):
             return self.constraints
         if self.constraints is not None:
             raise UsageError("forced prefixes cannot be combined with tree constraints "
                              "(use --no-tree-constraints)")
+        from nmt.search.controls import combine
+        from nmt.search.lexical import LexicalConstraints
         from nmt.search.prefix import PrefixConstraints
 
-        return PrefixConstraints([prefixes[i] for i in batch])
+        return combine(PrefixConstraints([prefixes[i] for i in batch]) if has_prefix else None,
+                       LexicalConstraints([constraints[i] for i in batch])
+                       if has_lexical else None)
 
     def _hypothesis(self, h) -> TranslationHypothesis:
         d = self.tgt_codec.dictionary

@@ -74,8 +74,9 @@ def create_app(models: Models, cfg: ServeConfig,
                                         "they are loaded")
             obj = parse_json(await read_body(request, cfg.max_request_bytes))
             req = parse_request(obj, models.loaded, cfg)
-            ids, prefixes = await run_in_threadpool(encode, req, cfg)
-            future = req.model.batcher.submit(req.search, ids, req.texts, prefixes)
+            ids, prefixes, constraints = await run_in_threadpool(encode, req, cfg)
+            future = req.model.batcher.submit(req.search, ids, req.texts, prefixes,
+                                              constraints)
             results = await asyncio.wrap_future(future)
         except RequestError as e:
             return error(e.status, str(e))

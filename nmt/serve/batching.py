@@ -55,6 +55,7 @@ class _Item:
     index: int                 # position in its request
     ids: np.ndarray            # source ids, without eos
     prefix: Sequence[int]      # forced target prefix ids (empty: none)
+    constraints: Sequence      # lexical constraints' target ids (empty: none)
     arrival: float
 
 
@@ -74,9 +75,11 @@ class Batcher:
         return self
 
     def submit(self, search: SearchConfig, ids: Sequence[np.ndarray], sources: Sequence[str],
-               prefixes: Sequence[Sequence[int]] | None = None) -> Future:
+               prefixes: Sequence[Sequence[int]] | None = None,
+               constraints: Sequence[Sequence[Sequence[int]]] | None = None) -> Future:
         """Queue one request's encoded sentences; the future gives its Translations in order.
-        ``search`` must be resolved (every field set)."""
+        ``search`` must be resolved (every field set); ``prefixes`` and ``constraints``: per
+        sentence, as Translator.translate_ids takes them."""
         job = _Job(search, sources, [None] * len(ids), len(ids))
         if not ids:
             job.future.set_result([])
@@ -86,7 +89,8 @@ class Batcher:
             if self._stopping:
                 raise Stopping(f"model '{self.name}' is shutting down")
             for i, x in enumerate(ids):
-                self._pending.append(_Item(job, i, x, prefixes[i] if prefixes else (), now))
+                self._pending.append(_Item(job, i, x, prefixes[i] if prefixes else (),
+                                           constraints[i] if constraints else (), now))
             self._cond.notify()
         log.debug("model '%s': %d sentences queued", self.name, len(ids))
         return job.future
@@ -146,10 +150,12 @@ class Batcher:
         translator = copy.copy(self.translator)      # shares the models; only .search differs
         translator.search = items[0].job.search
         prefixes = [it.prefix for it in items] if any(len(it.prefix) for it in items) else None
+        constraints = ([it.constraints for it in items]
+                       if any(len(it.constraints) for it in items) else None)
         try:
             results = translator.translate_ids([it.ids for it in items],
                                                sources=[it.job.sources[it.index] for it in items],
-                                               prefixes=prefixes)
+                                               prefixes=prefixes, constraints=constraints)
         except Exception as e:  # noqa: BLE001 - the requests get the error, the worker goes on
             log.error("model '%s': a batch of %d sentences failed: %s: %s", self.name,
                       len(items), type(e).__name__, " ".join(str(e).split()))

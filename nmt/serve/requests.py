@@ -8,9 +8,13 @@
      "min_len": 0, "no_repeat_ngram_size": 0,      controls, as nmt-generate's --min-len ...
      "unkpen": 0.0, "replace_unk": false,
      "diverse_beam_groups": 1, "diverse_beam_strength": 0.5,
-     "prefix": ["Ein", null, ...] or "Ein"}        forced translation prefixes (nmt-generate's
+     "prefix": ["Ein", null, ...] or "Ein",        forced translation prefixes (nmt-generate's
                                                    jsonl "prefix"): one per sentence, or one
                                                    for all; null or "" for none
+     "constraints": [["Hund"], null, ...]          phrases each translation must contain
+                    or ["Hund", "rote Ball"]}      (nmt-generate's jsonl "constraints"): a
+                                                   list per sentence (null for none), or one
+                                                   list of strings for all
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import numpy as np
 
 from nmt.errors import NmtError, suggest
 from nmt.search.config import SearchConfig
+from nmt.search.lexical import check_room, encode_constraints, refuse_with
+from nmt.search.requests import phrases_problem
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import ServedModel
 
 FIELDS = ("text", "model", "beam", "lenpen", "max_len_a", "max_len_b", "prefix", "min_len",
           "no_repeat_ngram_size", "unkpen", "replace_unk", "diverse_beam_groups",
-          "diverse_beam_strength")
+          "diverse_beam_strength", "constraints")
 # The controls a request may set, with their defaults (SearchConfig's) and kinds.
 CONTROLS = {"min_len": True, "no_repeat_ngram_size": True, "unkpen": False,
             "diverse_beam_groups": True, "diverse_beam_strength": False}
@@ -52,6 +58,7 @@ class TranslateRequest:
     texts: list[str]
     search: SearchConfig                    # resolved against the model's preset
     prefixes: list[str | None] | None       # one per sentence, or None
+    constraints: list[list[str] | None] | None = None     # one list per sentence, or None
 
 
 def _kind(value: Any) -> str:
@@ -99,7 +106,9 @@ def parse_request(obj: Mapping[str, Any], models: Mapping[str, ServedModel],
                                 f"most {cfg.max_sentences_per_request} (--max-sentences-per-"
                                 f"request)")
     prefixes = _prefixes(obj.get("prefix"), len(texts), served)
-    return TranslateRequest(served, texts, _search(obj, served, cfg), prefixes)
+    search = _search(obj, served, cfg)
+    return TranslateRequest(served, texts, search, prefixes,
+                            _constraints(obj.get("constraints"), len(texts), served, search))
 
 
 def _model(name: Any, models: Mapping[str, ServedModel]) -> ServedModel:
@@ -173,11 +182,42 @@ def _prefixes(value: Any, n: int, served: ServedModel) -> list[str | None] | Non
     return value
 
 
+def _constraints(value: Any, n: int, served: ServedModel, search: SearchConfig
+                 ) -> list[list[str] | None] | None:
+    """One list of phrases per sentence (None for none), or None when no sentence has any."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RequestError(400, f"\"constraints\" must be a list (of strings for all "
+                                f"sentences, or of lists, one per sentence), got {_kind(value)}")
+    if all(isinstance(x, str) for x in value):
+        if problem := phrases_problem(value):
+            raise RequestError(400, problem)
+        value = [value] * n
+    elif len(value) != n:
+        raise RequestError(400, f"{len(value)} constraint lists for {n} sentences: give one "
+                                f"list per sentence (null for none), or one list of strings "
+                                f"for all")
+    for i, x in enumerate(value):
+        if problem := phrases_problem(x, f"\"constraints\"[{i}]"):
+            raise RequestError(400, problem)
+    if not any(value):
+        return None
+    if served.translator.constraints is not None:
+        raise RequestError(400, f"model '{served.name}' decodes with tree constraints, which "
+                                f"lexical constraints cannot be combined with")
+    try:
+        refuse_with(search, sampling=False, tree=False)
+    except NmtError as e:
+        raise RequestError(400, str(e)) from None
+    return value
+
+
 def encode(req: TranslateRequest, cfg: ServeConfig
-           ) -> tuple[list[np.ndarray], list[list[int]] | None]:
+           ) -> tuple[list[np.ndarray], list[list[int]] | None, list[list[np.ndarray]] | None]:
     """The sources' ids (413 for one longer than the model takes: the server refuses what
-    nmt-generate would truncate) and the prefixes' target ids, as the Translator encodes
-    them."""
+    nmt-generate would truncate), the prefixes' target ids and the constraints' (400 for one
+    the vocabulary cannot spell or that does not fit), as the Translator encodes them."""
     t = req.model.translator
     ids = t.src_codec.encode_batch(req.texts) if req.texts else []
     limit = req.model.max_sentence_tokens
@@ -194,9 +234,26 @@ def encode(req: TranslateRequest, cfg: ServeConfig
             raise RequestError(400, f"max_len_a * {longest} + max_len_b allows more than "
                                     f"{cfg.max_output_tokens} output tokens "
                                     f"(--max-output-tokens)")
-    if req.prefixes is None:
-        return ids, None
-    return ids, [t.tgt_codec.encode(p) if p else [] for p in req.prefixes]
+    prefixes = None if req.prefixes is None else [t.tgt_codec.encode(p) if p else []
+                                                  for p in req.prefixes]
+    return ids, prefixes, _encode_constraints(req, ids, prefixes)
+
+
+def _encode_constraints(req: TranslateRequest, ids: list[np.ndarray], prefixes
+                        ) -> list[list[np.ndarray]] | None:
+    if req.constraints is None:
+        return None
+    t = req.model.translator
+    out = []
+    try:
+        for i, phrases in enumerate(req.constraints):
+            where = f"\"text\"[{i}]"
+            out.append(encode_constraints(t.tgt_codec, phrases, where))
+            check_room(out[-1], len(prefixes[i]) if prefixes else 0, ids[i].size, req.search,
+                       t.ensemble.max_positions, where)
+    except NmtError as e:
+        raise RequestError(400, str(e)) from None
+    return out
 
 
 __all__ = ["FIELDS", "RequestError", "TranslateRequest", "parse_json", "parse_request",
