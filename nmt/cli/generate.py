@@ -21,6 +21,7 @@ from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
 from nmt.cli.generate_config import GenerateConfig
 from nmt.cli.generate_modes import (build_translator, format_result, score_reference,
                                    translate_chunk)
+from nmt.cli.generate_shards import Shard, finish, rank_named, torchrun_shard
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError
 from nmt.io import LineWriter, atomic_write
@@ -83,14 +84,19 @@ class _Progress:
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Decoding processes on this machine, each with its own model and "
                    "--threads // N threads; chunk i of --buffer-size lines goes to worker "
-                   "i mod N, and the output is the one-process output, in input order.")
+                   "i mod N, and the output is the one-process output, in input order. "
+                   "Across GPUs or machines: torchrun (each rank one process; see below).")
+@click.option("--shard-timeout", type=float, default=60.0, show_default=True,
+              help="Under torchrun (-i FILE --output OUT): rank 0, its share done, waits "
+                   "for the other ranks' shards (OUT.shard-R-of-W.*) and merges them into "
+                   "OUT; it gives up when one has not finished a chunk in this many minutes.")
 @click.option("--overwrite", is_flag=True,
               help="--output with an --input file: start afresh instead of resuming what an "
                    "interrupted run left (OUTPUT.nmt-partial and OUTPUT.nmt-progress.json).")
 @runtime_options
 @handle_errors("nmt-generate")
 def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, workers,
-         **options):
+         shard_timeout, **options):
     """Translate with CHECKPOINT (several: an ensemble averaging their probabilities).
 
     Reads raw sentences (--input or stdin), writes detokenized translations to stdout (or
@@ -113,6 +119,15 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
     checkpoint, input or decoding option is refused (--overwrite starts afresh). stdin cannot
     be resumed: a rerun reading stdin starts over.
 
+    Under torchrun (WORLD_SIZE > 1) with -i FILE --output OUT, rank r of W translates the
+    chunks i with i mod W = r into its own resumable shard beside OUT, and rank 0 merges the
+    shards into OUT, byte-identical to one process; a rank that torchrun restarts
+    (--max-restarts) resumes its shard:
+
+    \b
+      torchrun --nproc-per-node 8 --max-restarts 3 --no-python \\
+          nmt-generate ckpt.pt -i mono.de --output bt.en --device cuda
+
     SIGINT (Ctrl-C) or SIGTERM stop it, after the lines being written if any (the output
     ends with whole lines, those of an uninterrupted run; --output: kept for a rerun to
     resume when it can, else not written), with exit code 130 or 143; a second signal stops
@@ -122,36 +137,62 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
     cfg: GenerateConfig = build_config(GenerateConfig, options)
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    paths, sources, split = _sources(checkpoints, cfg)
-    if workers > 1 and (split is not None or cfg.score_reference):
-        raise UsageError("--workers translates --input or stdin, not a --split or "
-                         "--score-reference")
-    resumable = _resumable(cfg, split, paths, device, precision, overwrite)
+    shard = torchrun_shard(cfg, checkpoints, workers)
+    with rank_named(shard):
+        paths, sources, split = _sources(checkpoints, cfg)
+        if workers > 1 and (split is not None or cfg.score_reference):
+            raise UsageError("--workers translates --input or stdin, not a --split or "
+                             "--score-reference")
+        resumable = _resumable(cfg, split, paths, device, precision, overwrite, shard)
+        if shard is not None and resumable.complete:
+            translator = pool = None        # restarted with its share done: do not load
+        else:
+            translator, pool = _decoder(sources, paths, cfg, shard.device(device) if shard
+                                        else device, precision, (threads, verbose, quiet),
+                                        workers)
+        _run(translator, cfg, sources, split, quiet, resumable, pool, shard_timeout)
+
+
+def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: str,
+             precision: str, runtime: tuple, workers: int):
+    """(translator, None), or (None, the --workers pool's (workers, WorkerSpec));
+    ``runtime``: (--threads, -v, -q)."""
     if workers > 1:
         from nmt.cli.generate_workers import WorkerSpec, worker_threads
 
-        translator = None
-        pool = (workers, WorkerSpec(paths, cfg, device, precision,
-                                    worker_threads(threads, workers), verbose, quiet))
-        log.info("%d workers x %d thread(s)", workers, pool[1].threads)
-    else:
-        translator, pool = build_translator(sources, cfg, device, precision), None
-        _log_decoding(translator, cfg, precision)
+        threads, verbose, quiet = runtime
+        spec = WorkerSpec(paths, cfg, device, precision, worker_threads(threads, workers),
+                          verbose, quiet)
+        log.info("%d workers x %d thread(s)", workers, spec.threads)
+        return None, (workers, spec)
+    translator = build_translator(sources, cfg, device, precision)
+    _log_decoding(translator, cfg, precision)
+    return translator, None
 
+
+def _run(translator, cfg: GenerateConfig, sources: Sequence, split: str | None, quiet: bool,
+         resumable, pool, shard_timeout: float) -> None:
+    """Translate, and say how fast; under torchrun, then finish the shards
+    (nmt.cli.generate_shards.finish)."""
     start = time.perf_counter()
     writer = _Writer(cfg.output_format, cfg.nbest)
+    shard = resumable.shard if resumable is not None else None
     with stop_on_signals():
         try:
-            _generate(translator, cfg, sources, split, writer, quiet, resumable, pool)
+            if translator is not None or pool is not None:
+                _generate(translator, cfg, sources, split, writer, quiet, resumable, pool)
+                elapsed = time.perf_counter() - start
+                log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f "
+                         "sentences/s, %.0f tokens/s", writer.sentences, writer.tokens,
+                         elapsed, writer.sentences / max(elapsed, 1e-9),
+                         writer.tokens / max(elapsed, 1e-9))
+            if shard is not None:
+                finish(resumable, cfg, shard_timeout)
         except Interrupted as e:
             done = (resumable.stopped() if resumable is not None
                     else f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
                     else f"the output holds the first {writer.sentences} lines' translations")
             raise Interrupted(e.signum, done) from None
-    elapsed = time.perf_counter() - start
-    log.info("translated %d sentences (%d target tokens) in %.1f s: %.1f sentences/s, "
-             "%.0f tokens/s", writer.sentences, writer.tokens, elapsed,
-             writer.sentences / max(elapsed, 1e-9), writer.tokens / max(elapsed, 1e-9))
 
 
 def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
@@ -180,19 +221,26 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
 
 
 def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str],
-               device: str, precision: str, overwrite: bool):
+               device: str, precision: str, overwrite: bool, shard: Shard | None = None):
     """The resumable output (nmt.cli.generate_resume) of a run that can have one: --output
-    FILE, translating an --input that is a regular file; else None. Refuses a rerun that
-    differs from the interrupted one before anything is loaded."""
+    FILE, translating an --input that is a regular file; else None. Under torchrun, this
+    rank's shard (nmt.cli.generate_shards). Refuses a rerun that differs from the
+    interrupted one (another world size too) before anything is loaded."""
     from nmt.io import is_regular_file
 
     if (cfg.output_path in (None, "-") or split is not None or cfg.score_reference
             or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)):
         return None
     from nmt.cli.generate_resume import ResumableOutput, run_identity
+    from nmt.cli.generate_shards import ShardOutput, check_other_runs, first_attempt
 
-    return ResumableOutput(cfg.output_path, run_identity(checkpoints, cfg, device, precision),
-                           overwrite)
+    identity = run_identity(checkpoints, cfg, device, precision)
+    if shard is None:
+        check_other_runs(cfg.output_path, 1, overwrite, remove=True)
+        return ResumableOutput(cfg.output_path, identity, overwrite)
+    overwrite = overwrite and first_attempt()       # a restarted rank resumes
+    check_other_runs(cfg.output_path, shard.world, overwrite, remove=shard.rank == 0)
+    return ShardOutput(cfg.output_path, identity, shard, overwrite)
 
 
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,
@@ -203,7 +251,7 @@ def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | N
         with resumable as out:
             writer.out, writer.commit = out.writer, out.commit
             _translate_lines(translator, cfg, writer, quiet, out.start_line, out.start_byte,
-                             pool)
+                             pool, out.shard)
         return
     with open_output(cfg.output_path) as out:
         writer.out = out
@@ -287,14 +335,20 @@ class _Writer:
 
 
 def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool,
-                     start_line: int = 1, start_byte: int = 0, pool=None) -> None:
+                     start_line: int = 1, start_byte: int = 0, pool=None,
+                     shard: Shard | None = None) -> None:
     """Raw lines (text or jsonl requests) from --input or stdin, a chunk at a time
     (nmt.cli.generate_input), from ``start_line`` (at ``start_byte``) of an --input file;
-    by ``translator``, or by the workers of ``pool`` (see _generate)."""
+    by ``translator``, or by the workers of ``pool`` (see _generate); under torchrun, only
+    ``shard``'s chunks (its rank shows no progress bar unless it is rank 0)."""
     from nmt.cli.generate_input import input_chunks
 
     chunks, total = input_chunks(cfg, start_line, start_byte)
-    with _Progress(total, quiet, start_line - 1) as progress:
+    done_before = start_line - 1
+    if shard is not None:
+        total, done_before = shard.lines(total), shard.lines(start_line - 1)
+        quiet = quiet or shard.rank != 0
+    with _Progress(total, quiet, done_before) as progress:
         if pool is not None:
             from nmt.cli.generate_workers import WorkerPool
 
@@ -304,12 +358,11 @@ def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool
                     emit.write_texts(texts, lines, tokens, done)
                     progress.tokens = emit.tokens
             return
-        first = start_line
-        for chunk, offset in chunks:
+        share = shard or Shard(0, 1, 0, cfg.buffer_size)      # one process: every chunk
+        for first, chunk, offset in share.numbered(chunks, start_line):
             results, texts = translate_chunk(translator, cfg, chunk, first, progress)
             emit(results, texts, (first + len(chunk) - 1, offset))
             progress.tokens = emit.tokens
-            first += len(chunk)
 
 
 if __name__ == "__main__":

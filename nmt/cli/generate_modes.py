@@ -23,6 +23,11 @@ def format_result(result, output_format: str, nbest: int) -> str:
     return "\n".join(texts)
 
 
+def lines_per_result(output_format: str, nbest: int) -> int:
+    """How many output lines format_result gives each input line: ``nbest`` (text), 1 (jsonl)."""
+    return 1 if output_format == "jsonl" else nbest
+
+
 def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
@@ -129,4 +134,5 @@ def _pairs(cfg: GenerateConfig, lines: Sequence[str], name: str
     return list(lines), targets
 
 
-__all__ = ["build_translator", "translate_chunk", "alignments", "score_reference"]
+__all__ = ["build_translator", "lines_per_result", "translate_chunk", "alignments",
+           "score_reference"]

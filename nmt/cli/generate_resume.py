@@ -72,8 +72,16 @@ def _option_change(flag: str, was, now) -> str:
     return f"{flag} {'unset' if was is None else was} (now {'unset' if now is None else now})"
 
 
+def _share(shard) -> str:
+    """A torchrun rank's share in words: ``[1, 4]`` -> "rank 1 of 4"."""
+    return f"rank {shard[0]} of {shard[1]}" if isinstance(shard, list) and len(shard) == 2 \
+        else "of one process"
+
+
 def difference(old: dict, new: dict) -> str | None:
     """The first thing that differs between two identities, in words; None if none does."""
+    if old.get("shard") != new.get("shard"):          # nmt.cli.generate_shards
+        return f"share {_share(old.get('shard'))} (now {_share(new.get('shard'))})"
     o, n = old.get("options", {}), new["options"]
     for key in sorted(set(o) | set(n)):
         if o.get(key) != n.get(key):
@@ -97,6 +105,8 @@ class ResumableOutput:
     """The output FILE of a resumable run: ``with ResumableOutput(...) as out``, write a
     chunk's lines with ``out.writer``, then ``out.commit(lines, input_bytes)``; the rename
     to FILE happens on a clean exit. ``start_line``/``start_byte``: where the input resumes."""
+
+    shard = None        # a torchrun rank's share (nmt.cli.generate_shards.ShardOutput)
 
     def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False):
         self.path = Path(path)
@@ -183,12 +193,16 @@ class ResumableOutput:
             output_bytes = self._f.tell()
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
-        state = {"version": VERSION, "identity": self.identity, "input_lines": lines_done,
-                 "input_bytes": input_bytes, "output_bytes": output_bytes}
-        with atomic_write(self.journal, "w") as f:
-            f.write(json.dumps(state, indent=1) + "\n")
+        self._save_journal(lines_done, input_bytes, output_bytes)
         self.lines_done, self.input_bytes, self.output_bytes = (lines_done, input_bytes,
                                                                 output_bytes)
+
+    def _save_journal(self, lines_done: int, input_bytes: int, output_bytes: int,
+                      **extra) -> None:
+        state = {"version": VERSION, "identity": self.identity, "input_lines": lines_done,
+                 "input_bytes": input_bytes, "output_bytes": output_bytes, **extra}
+        with atomic_write(self.journal, "w") as f:
+            f.write(json.dumps(state, indent=1) + "\n")
 
     def stopped(self) -> str:
         """What an interrupted run leaves, for its last message."""
