@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import json
 import re
 import subprocess
 import sys
@@ -124,8 +125,12 @@ def test_multi30k_converge_dry_run_en_fr(tmp_path):
 def test_multi30k_literature_dry_run(tmp_path):
     out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
                       "--work-dir", tmp_path).stdout
-    pre, train, gen, _, lit = commands(out)
+    pre, train, *tuning, gen, _, lit = commands(out)
     assert "--vocab-size 10000" in pre and "data-bin-10000" in train
+    # beam and alpha are chosen on the validation split, scored as the literature scores
+    assert len(tuning) == 12 and all("raw/val." in c for c in tuning)
+    assert "--beam 5 --lenpen 1.5" in tuning[10] and "--lowercase" in tuning[11]
+    assert "test_2016" not in " ".join(tuning)
     for opt in ("--arch transformer_tiny -o encoder_layers=4 -o decoder_layers=4 -o d_model=128 "
                 "-o d_ff=256 -o heads=4 -o dropout=0.3", "--max-update 8000", "--warmup 2000",
                 "--lr-scale 2.53", "--average-last 10", "--validate-interval-updates 1000"):
@@ -197,6 +202,14 @@ def test_multi30k_tiny_end_to_end(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--work-dir", tmp_path)
     assert "BLEU|nrefs:1" in p.stdout
     assert fetch.count_lines(tmp_path / "results-tiny" / "test_2016_flickr.hyp.de") == 15
+    # the tune stage decoded val with each setting and the test set with the best one
+    tuning = json.loads((tmp_path / "results-tiny" / "tuning.json").read_text())
+    assert [(x["beam"], x["alpha"]) for x in tuning["rows"]] == [(1, 0.6), (2, 1.0)]
+    best = tuning["best"]
+    assert best == max(tuning["rows"], key=lambda x: x["multi_bleu"])
+    assert f"--beam {best['beam']} --lenpen {best['alpha']}" in \
+        next(line for line in p.stderr.splitlines() if "nmt-generate" in line
+             and "test_2016_flickr.en" in line)
 
 
 def test_multi30k_rejects_a_copy_that_is_not_the_release(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import shutil
 import sys
@@ -29,7 +30,7 @@ from common import fetch  # noqa: E402
 from common.recipe import REPO_ROOT, Recipe, run_main, setup_logging  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 
-STAGES = ("data", "preprocess", "train", "generate", "score")
+STAGES = ("data", "preprocess", "train", "tune", "generate", "score")
 RAW_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.gz"
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "examples" / "multi30k"
 
@@ -66,6 +67,9 @@ class TrainingRecipe:
     average_n: int = 5             # checkpoints in the average (--average-last)
     beam: int = 4                  # test decoding: the paper's beam 4, alpha 0.6
     lenpen: float = 0.6
+    # (beam, alpha) pairs tried on the validation split by the tune stage; the best by the
+    # literature's metric (lowercased multi-bleu) decodes the test set. Empty: beam, lenpen.
+    tune: tuple[tuple[int, float], ...] = ()
 
 
 RECIPES = {
@@ -84,7 +88,7 @@ RECIPES = {
                              "heads=4", "dropout=0.3"), 8000, 2000, 2.53,
         ("--save-interval-updates", "200", "--keep-last", "12", "--average-last", "10",
          "--valid-bleu", "--validate-interval-updates", "1000"), True, vocab=10000,
-        average_n=10),
+        average_n=10, tune=tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5))),
 }
 
 
@@ -193,6 +197,47 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int) -> list:
             "--save-dir", save_dir, *rec.extra, "--device", "cpu", "--threads", threads]
 
 
+# --tiny tries two settings, so that the tune stage runs for real in seconds.
+TINY_TUNE = ((1, 0.6), (2, 1.0))
+
+
+def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, float],
+         model: Path, raw: Path, results: Path, tgt: str, threads: int) -> tuple[int, float]:
+    """Decode the validation split with each (beam, alpha) of ``grid``, score it as the
+    literature does (lowercased, Moses-tokenized multi-bleu) and return the best pair (ties:
+    the first; ``default`` in a dry run); the table goes to RESULTS/tuning.json. The test set
+    is not looked at."""
+    out = results / "tuning.json"
+
+    def action() -> None:
+        if not r.dry_run:
+            results.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for beam, alpha in grid:
+            hyp = results / f"val.beam{beam}.alpha{alpha}.hyp.{tgt}"
+            score = hyp.with_name(hyp.name + ".multi-bleu.json")
+            r.sh(["nmt-generate", model, "--input", raw / "val.en", "--output", hyp,
+                  "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
+                  "--device", "cpu", "--threads", threads, "--overwrite"])
+            r.sh(["nmt-score", "--hyp", hyp, "--ref", raw / f"val.{tgt}", "--metric",
+                  "multi-bleu", "--lowercase", "--lang", tgt, "--json"], stdout=score)
+            if not r.dry_run:
+                rows.append({"beam": beam, "alpha": alpha,
+                             "multi_bleu": json.loads(score.read_text())["score"]})
+        if not r.dry_run:
+            best = max(rows, key=lambda x: x["multi_bleu"])   # max keeps the first of ties
+            out.write_text(json.dumps({"rows": rows, "best": best}, indent=2) + "\n")
+            print("".join(f"valid beam {x['beam']} alpha {x['alpha']}: multi-bleu "
+                          f"{x['multi_bleu']:.2f}\n" for x in rows), end="")
+    r.step(f"tune-{model.parent.name}", [out], action, inputs=[model],
+           params={"grid": [list(x) for x in grid]},
+           describe="beam and alpha by lowercased multi-bleu on the validation split")
+    if r.dry_run or not out.exists():
+        return default
+    best = json.loads(out.read_text())["best"]
+    return int(best["beam"]), float(best["alpha"])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
 
@@ -237,9 +282,14 @@ def main(argv: list[str] | None = None) -> None:
             r.step(f"train-{run}", [model], lambda: r.sh(cmd), inputs=[data_bin],
                    params={"cmd": cmd},
                    describe="train; resumes from checkpoint_last.pt after an interruption")
+        beam, lenpen = rec.beam, rec.lenpen
+        grid = TINY_TUNE if args.tiny else rec.tune
+        if "tune" in stages and grid:
+            beam, lenpen = tune(r, grid, (rec.beam, rec.lenpen), model, raw, results, tgt,
+                                threads)
         if "generate" in stages:
             cmd = ["nmt-generate", model, "--input", raw / "test_2016_flickr.en",
-                   "--output", hyp, "--beam", rec.beam, "--lenpen", rec.lenpen, "--max-len-a", 1,
+                   "--output", hyp, "--beam", beam, "--lenpen", lenpen, "--max-len-a", 1,
                    "--max-len-b", 50, "--device", "cpu", "--threads", threads]
 
             def generate() -> None:
@@ -247,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.mkdir(parents=True, exist_ok=True)
                 r.sh(cmd)
             r.step(f"generate-{run}", [hyp], generate, inputs=[model], params={"cmd": cmd},
-                   describe=f"beam {rec.beam}, alpha {rec.lenpen}, max length source + 50")
+                   describe=f"beam {beam}, alpha {lenpen}, max length source + 50")
         if "score" in stages:
             cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
                    "--metric", "bleu,chrf,tok-bleu", "--lang", tgt]
