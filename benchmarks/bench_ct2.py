@@ -12,12 +12,18 @@ of the median pass, the peak RSS of the child, and sacreBLEU of its output again
 configurations run in an order that alternates between rounds, so that a drift of the machine
 does not favour one engine.
 
-Each engine runs as its users would: nmt through ``Translator`` (batches of 64 sentences
-sorted by length, GNMT length penalty, alpha 0.6, max length source + 50); CTranslate2 through
-``translate_batch`` with ``max_batch_size=64``, its own length penalty (``length_penalty``
-0.6 on |Y|, not the GNMT formula: the exported translate.py shows how to rank exactly as nmt,
-which costs extra hypotheses) and one maximum length per call (the longest source + 50).
-Tokenization and detokenization (sentencepiece) are inside the timed passes for both.
+Each engine runs as its users would: nmt with its defaults, through ``Translator`` (batches
+of 64 sentences sorted by length, GNMT length penalty, alpha 0.6, max length source + 50);
+CTranslate2 with the settings of its own published benchmark (tools/benchmark in its
+repository): ``translate_batch`` with ``max_batch_size=32`` examples (``--ct2-batch``),
+``length_penalty=0`` (``--ct2-lenpen``; with 0, CTranslate2 ends a sentence's beam search as
+soon as its best hypothesis has finished, with any other value only when ``beam``
+hypotheses have: 0.6 made it decode longer than nmt, which stops when no live hypothesis can
+win), ``intra_threads`` = --threads, ``inter_threads=1``, one maximum length per call (the
+longest source + 50; its default is 256). It sorts each call's sentences by length before
+batching, as nmt does. Tokenization and detokenization (sentencepiece) are inside the timed
+passes for both. ``--ct2-env KEY=VALUE`` sets an environment variable for the CTranslate2
+children only (e.g. CT2_USE_MKL=0), ``--engines ct2`` runs one engine.
 Needs ctranslate2 (pip install 'nmt[export]').
 """
 
@@ -98,8 +104,8 @@ def _ct2(args):
         keep = [i for i, p in enumerate(pieces) if p]
         out = [""] * len(lines)
         if keep:
-            res = tr.translate_batch([pieces[i] for i in keep], max_batch_size=64,
-                                     beam_size=args.beam, length_penalty=0.6,
+            res = tr.translate_batch([pieces[i] for i in keep], max_batch_size=args.ct2_batch,
+                                     beam_size=args.beam, length_penalty=args.ct2_lenpen,
                                      max_decoding_length=max(len(pieces[i]) for i in keep) + 50)
             tokens["n"] = sum(len(r.hypotheses[0]) for r in res)
             for i, r in zip(keep, res):
@@ -113,8 +119,11 @@ def run_config(args, engine: str, precision: str, beam: int, model_dir: str,
     hyp = work / f"{engine}.{precision}.b{beam}.txt"
     cmd = [sys.executable, __file__, "--child", engine, "--precision", precision, "--beam",
            str(beam), "--threads", str(args.threads), "--rounds", "1", "--input", args.input,
-           "--hyp", str(hyp), "--model-dir", model_dir, args.checkpoint]
+           "--hyp", str(hyp), "--model-dir", model_dir, "--ct2-batch", str(args.ct2_batch),
+           "--ct2-lenpen", str(args.ct2_lenpen), args.checkpoint]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    if engine == "ct2":
+        env.update(x.split("=", 1) for x in args.ct2_env)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"bench_ct2: {engine} {precision} beam {beam} failed:\n{p.stderr[-2000:]}")
@@ -139,6 +148,12 @@ def main(argv=None) -> int:
     ap.add_argument("--beams", default="1,4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--engines", default="nmt,ct2")
+    ap.add_argument("--ct2-batch", type=int, default=32,
+                    help="CTranslate2's max_batch_size in examples [32, its benchmark's]")
+    ap.add_argument("--ct2-lenpen", type=float, default=0.0,
+                    help="CTranslate2's length_penalty [0, its benchmark's]")
+    ap.add_argument("--ct2-env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--child", choices=["nmt", "ct2"], help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
@@ -158,8 +173,9 @@ def main(argv=None) -> int:
     work = Path(tmp.name)
     dirs = {q: str(export_model(args.checkpoint, work / f"ct2-{q}", quantization=q))
             for q in ("float32", "int8")}
+    engines = args.engines.split(",")
     configs = [(e, p, int(b)) for b in args.beams.split(",") for p in ("float32", "int8")
-               for e in ("nmt", "ct2")]
+               for e in ("nmt", "ct2") if e in engines]
     walls: dict = {c: [] for c in configs}
     rows: dict = {}
     for r in range(args.rounds):
@@ -186,17 +202,27 @@ def table(report: list[dict], args) -> str:
 
     out = [f"# nmt vs CTranslate2: {sum(1 for _ in open(args.input, encoding='utf-8'))} "
            f"sentences, {args.threads} thread(s), {args.rounds} round(s), torch "
-           f"{torch.__version__}", "",
+           f"{torch.__version__}, ctranslate2 {_ct2_version()} (batch {args.ct2_batch}, "
+           f"length_penalty {args.ct2_lenpen}{', ' + ' '.join(args.ct2_env) if args.ct2_env else ''})",
+           "",
            "| engine | precision | beam | median wall s | sentences/s | tokens/s | peak RSS MB "
            "| BLEU | nmt / CTranslate2 speed |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["engine"], r["precision"], r["beam"]): r for r in report}
     for r in report:
-        other = by[("ct2", r["precision"], r["beam"])]
-        ratio = other["wall_s"] / r["wall_s"] if r["engine"] == "nmt" else None
+        other = by.get(("ct2", r["precision"], r["beam"]))
+        ratio = other["wall_s"] / r["wall_s"] if r["engine"] == "nmt" and other else None
         out.append(f"| {r['engine']} | {r['precision']} | {r['beam']} | {r['wall_s']:.2f} | "
                    f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['rss_mb']:.0f} | "
                    f"{r['bleu']} | {'' if ratio is None else f'{ratio:.2f}x'} |")
     return "\n".join(out)
+
+
+def _ct2_version() -> str:
+    try:
+        import ctranslate2
+    except ImportError:
+        return "not installed"
+    return ctranslate2.__version__
 
 
 if __name__ == "__main__":
