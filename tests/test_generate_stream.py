@@ -4,6 +4,7 @@ with the input, and its output is that of the same lines through stdin."""
 from __future__ import annotations
 
 import os
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,19 @@ def test_bench_generate_memory_quick(tmp_path):
     cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
     assert [c[1] for c in cells] == ["100", "200"]
     assert all(float(c[5]) > 10 for c in cells)         # MiB of a real Python process
+
+
+def test_bench_generate_resume_quick(tmp_path):
+    """The 1M-line benchmark's machinery on 3,000 lines: a real SIGKILL mid-run, a resumed
+    rerun that says where it resumed, and a byte-for-byte check against the 1x output."""
+    ckpt = make_checkpoint(tmp_path / "c.pt")
+    src = tmp_path / "in"
+    src.write_text("".join(x + "\n" for x in mixed_lines(100, seed=7)))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_generate_resume.py"),
+                           str(ckpt), "--input", str(src), "--quick", "--threads", "1",
+                           "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT, env=ENV)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["lines"] == 3000 and r["identical"] and r["resume_logged"]
+    assert 0 < r["killed_after"] < 3000
