@@ -73,34 +73,30 @@ class Shard:
             first += len(chunk)
 
     def device(self, device: str) -> str:
-        """--device for this rank: cuda (or auto on a GPU machine) means cuda:LOCAL_RANK."""
-        from nmt.runtime import resolve_device
+        """--device for this rank: cuda (or auto on a GPU machine) means cuda:LOCAL_RANK, as
+        for nmt-train's ranks."""
+        from nmt.training.distributed import DistInfo, pick_device
 
-        dev = resolve_device(device, local_rank=self.local_rank)
-        if dev.type == "cuda":
-            import torch
-
-            torch.cuda.set_device(dev)
-        return str(dev)
+        return str(pick_device(device, DistInfo(self.rank, self.world, self.local_rank)))
 
 
 def torchrun_shard(cfg: GenerateConfig, checkpoints: Sequence[str], workers: int
                    ) -> Shard | None:
     """This rank's Shard when torchrun started more than one (WORLD_SIZE > 1), else None;
     a one-line UsageError for what cannot be sharded."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
-        return None
     from nmt.io import is_regular_file
     from nmt.training.distributed import env_dist_info
 
     info = env_dist_info()
+    if info.world_size <= 1:
+        return None
     under = f"under torchrun (WORLD_SIZE={info.world_size})"
     if cfg.split is not None or cfg.score_reference:
         raise UsageError(f"{under} nmt-generate translates an --input file, not a --split "
                          f"or --score-reference")
     if workers > 1:
-        raise UsageError(f"--workers and torchrun exclude each other: each rank is one "
-                         f"decoding process (ask torchrun for more with --nproc-per-node)")
+        raise UsageError("--workers and torchrun exclude each other: each rank is one "
+                         "decoding process (ask torchrun for more with --nproc-per-node)")
     if not checkpoints:
         raise UsageError(f"{under} name the CHECKPOINT: the ranks cannot share stdin")
     if cfg.output_path in (None, "-"):

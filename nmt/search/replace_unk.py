@@ -17,17 +17,21 @@ from nmt.search.forced import align, word_indices
 from nmt.specials import EOS, UNK
 
 
-def replace_unknowns(translator, results, layer: int | None = None) -> None:
+def replace_unknowns(translator, results, sources: Sequence[Sequence[int]],
+                     layer: int | None = None) -> None:
     """Rewrite, in place, the text of every hypothesis of ``results`` (nmt.search.translator
-    Translation objects) that holds ``<unk>``; ``layer``: the alignment's decoder layer."""
-    todo = [(r, h) for r in results for h in r.hypotheses if UNK in h.ids]
+    Translation objects) that holds ``<unk>``; ``sources[i]``: the source ids result i was
+    translated from (as the model read them, truncation included); ``layer``: the
+    alignment's decoder layer."""
+    todo = [(r, h, list(sources[i])) for i, r in enumerate(results) for h in r.hypotheses
+            if UNK in h.ids]
     if not todo:
         return
     src_codec, tgt_codec = translator.src_codec, translator.tgt_codec
-    src_ids = [list(src_codec.encode(r.source))[:translator.max_source_len] for r, _ in todo]
-    tgt_ids = [[i for i in h.ids if i != EOS] for _, h in todo]
+    src_ids = [s for _, _, s in todo]
+    tgt_ids = [[i for i in h.ids if i != EOS] for _, h, _ in todo]
     links = align(translator, src_ids, tgt_ids, layer)
-    for (r, h), s, t, a in zip(todo, src_ids, tgt_ids, links):
+    for (r, h, _), s, t, a in zip(todo, src_ids, tgt_ids, links):
         h.text = replaced_text(src_codec, tgt_codec, r.source, s, t, a)
 
 

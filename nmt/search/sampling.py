@@ -13,7 +13,6 @@ included); ``nbest`` samples per sentence are returned in the order they were dr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np

@@ -264,7 +264,7 @@ class Translator:
         if self.search.replace_unk:
             from nmt.search.replace_unk import replace_unknowns
 
-            replace_unknowns(self, results, self.align_layer)
+            replace_unknowns(self, results, arrays, self.align_layer)
         return results
 
     def source_array(self, ids: Sequence[int] | np.ndarray, line: int) -> tuple[np.ndarray, bool]:
