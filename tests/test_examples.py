@@ -139,6 +139,19 @@ def test_multi30k_literature_dry_run(tmp_path):
     assert "--metric multi-bleu --lowercase --lang de" in lit
 
 
+def test_multi30k_literature_bpe_dropout_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature-bpe-dropout", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    pre, train, *tuning, gen, _, lit = commands(out)
+    # only the training split is sampled (nmt-preprocess keeps valid/test deterministic)
+    assert "--bpe-dropout 0.1 --bpe-dropout-copies 20" in pre
+    assert "data-bin-10000-bpe-dropout0.1x20" in train and "--max-update 8000" in train
+    assert len(tuning) == 16 and all("raw/val." in c for c in tuning)
+    assert "--beam 5 --lenpen 2.0" in tuning[14] and "test_2016" not in " ".join(tuning)
+    assert "checkpoints-literature-bpe-dropout/checkpoint_avg10.pt" in gen
+    assert "--metric multi-bleu --lowercase --lang de" in lit
+
+
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)
     assert "BLEU|nrefs:1" in p.stdout and "chrF2" in p.stdout

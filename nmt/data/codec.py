@@ -65,10 +65,18 @@ class TextCodec:
         return moses.detokenize(text, self.moses_lang, unescape=unescape)
 
     # --- encoding ------------------------------------------------------------------------------
-    def _ids(self, lines: Sequence[str]) -> list[list[int]]:
+    def _ids(self, lines: Sequence[str], dropout: tuple[float, int] | None = None
+             ) -> list[list[int]]:
         if self.moses_lang is not None:
             lines = [self.tokenize(line) for line in lines]
+        if dropout is not None:
+            return self.subword.encode_ids_dropout(lines, *dropout)
         return self.subword.encode_ids(lines)
+
+    @property
+    def supports_dropout(self) -> bool:
+        """Whether :meth:`encode_flat` can sample (``dropout``): sentencepiece BPE models."""
+        return hasattr(self.subword, "encode_ids_dropout")
 
     def encode(self, line: str) -> list[int]:
         """Ids of one line, without eos."""
@@ -80,13 +88,14 @@ class TextCodec:
         flat, lens = self.encode_flat(lines, np.int64)
         return np.split(flat, np.cumsum(lens[:-1])) if len(lens) else []
 
-    def encode_flat(self, lines: Sequence[str], dtype: np.dtype | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def encode_flat(self, lines: Sequence[str], dtype: np.dtype | None = None,
+                    dropout: tuple[float, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All ids of ``lines`` concatenated, and the length of each line (int32).
 
         What the binarizer writes: no per-line arrays, so it stays fast for millions of lines.
+        ``dropout``: (p, seed) samples BPE-dropout segmentations instead (training data).
         """
-        ids = self._ids(list(lines))
+        ids = self._ids(list(lines), dropout)
         lens = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
         flat = np.fromiter(chain.from_iterable(ids), dtype=dtype or self.dictionary.dtype,
                            count=int(lens.sum()))

@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -114,8 +114,16 @@ class PreprocessConfig:
                                "what would be filtered is only counted.",
                                flag="--filter-eval-splits")
     shard_size: int = option(0, "Sentences per training shard (0: one shard).")
+    bpe_dropout: float = option(
+        0.0, "bpe: BPE-dropout on the training split (Provilkov et al. 2020; subword "
+        "regularization): each merge is skipped with this probability (0.1 in the paper), "
+        "so the model sees words split in varied ways. Valid and test splits keep the one "
+        "deterministic segmentation that decoding uses.", metavar="P")
+    bpe_dropout_copies: int = option(
+        10, "With --bpe-dropout: the training split holds this many differently sampled "
+        "copies of the corpus (an epoch is then this many passes).", metavar="K")
     workers: int = option(0, "Encoding processes (0: one per CPU).")
-    seed: int = option(1, "Seed of the subword sample.")
+    seed: int = option(1, "Seed of the subword sample and of --bpe-dropout.")
     chunk_size: int = option(10000, "Lines per worker task.", cli=False)
 
     def resolved_workers(self) -> int:
@@ -137,6 +145,7 @@ class SplitStats:
     ratio: int = 0
     filtered_applied: bool = False
     shards: list[int] = field(default_factory=list)
+    bpe_dropout: dict[str, Any] | None = None     # {"p", "copies", "seed"} when sampled
 
     def to_meta(self) -> dict[str, Any]:
         # source_path: absolute, so that training can find the raw references (validation
@@ -147,7 +156,8 @@ class SplitStats:
                 "shards": self.shards, "src_tokens": self.src_tokens,
                 "tgt_tokens": self.tgt_tokens, "src_unk": self.src_unk, "tgt_unk": self.tgt_unk,
                 "filtered": {"applied": self.filtered_applied, "empty": self.empty,
-                             "too_long": self.too_long, "ratio": self.ratio}}
+                             "too_long": self.too_long, "ratio": self.ratio},
+                **({"bpe_dropout": self.bpe_dropout} if self.bpe_dropout else {})}
 
 
 @dataclass
@@ -183,6 +193,14 @@ def _check_config(cfg: PreprocessConfig) -> None:
         raise UsageError(f"--max-len-ratio must be >= 1 (or 0 to disable), got {cfg.max_len_ratio}")
     if cfg.chunk_size < 1:
         raise UsageError("chunk size must be >= 1")
+    if not 0.0 <= cfg.bpe_dropout < 1.0:
+        raise UsageError(f"--bpe-dropout must be in [0, 1), got {cfg.bpe_dropout}")
+    if cfg.bpe_dropout_copies < 1:
+        raise UsageError(f"--bpe-dropout-copies must be >= 1, got {cfg.bpe_dropout_copies}")
+    if cfg.bpe_dropout and not cfg.trainpref:
+        raise UsageError("--bpe-dropout samples the training split: give --trainpref")
+    if cfg.bpe_dropout and cfg.subword not in (None, "bpe"):
+        raise UsageError(f"--bpe-dropout needs --subword bpe, not {cfg.subword}")
     if cfg.reuse_vocab and (cfg.srcdict or cfg.tgtdict):
         raise UsageError("use either --reuse-vocab or --srcdict/--tgtdict, not both")
     if not cfg.trainpref and not (cfg.reuse_vocab or cfg.srcdict or cfg.tgtdict):
@@ -438,24 +456,36 @@ def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, o
     flt = Filter(apply=is_train or cfg.filter_eval, max_len=cfg.max_len,
                   max_ratio=cfg.max_len_ratio)
     st = SplitStats(name, str(prefix), filtered_applied=flt.apply)
+    if is_train and cfg.bpe_dropout:
+        st.bpe_dropout = {"p": cfg.bpe_dropout, "copies": cfg.bpe_dropout_copies,
+                          "seed": cfg.seed}
     task = progress.add_task(f"binarizing {name}", total=_size(src_path) + _size(tgt_path),
                              rate="") if progress else None
     adv = _Advance(progress, task)
     shard_size = cfg.shard_size if is_train else 0
     ws = SplitWriter(out_dir, name, cfg.source_lang, dtype, shard_size)
     wt = SplitWriter(out_dir, name, cfg.target_lang, dtype, shard_size)
+    # BPE-dropout: the training split is the corpus sampled bpe_dropout_copies times over.
+    copies = cfg.bpe_dropout_copies if is_train and cfg.bpe_dropout else 1
+    if progress is not None and copies > 1:
+        progress.update(task, total=copies * (_size(src_path) + _size(tgt_path)))
+
+    first_copy: deque[bool] = deque()       # per task, in order: whether it counts input lines
 
     def args():
-        for first, a, b, nbytes in iter_raw_chunks(src_path, tgt_path, cfg.chunk_size):
-            adv.advance(nbytes)
-            yield first, a, b, str(src_path), str(tgt_path), flt
+        for copy in range(copies):
+            dropout = (cfg.bpe_dropout, cfg.seed, copy) if is_train and cfg.bpe_dropout else None
+            for first, a, b, nbytes in iter_raw_chunks(src_path, tgt_path, cfg.chunk_size):
+                adv.advance(nbytes)
+                first_copy.append(copy == 0)
+                yield first, a, b, str(src_path), str(tgt_path), flt, dropout
 
     try:
         for n, s_flat, s_len, t_flat, t_len, (e, tl, r), s_unk, t_unk in \
                 run.imap(task_encode, args()):
             ws.add(s_flat, s_len)
             wt.add(t_flat, t_len)
-            st.lines += n
+            st.lines += n if first_copy.popleft() else 0
             st.kept += len(s_len)
             st.src_tokens += len(s_flat)
             st.tgt_tokens += len(t_flat)
@@ -471,6 +501,23 @@ def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, o
         st.shards = ws.close()
         wt.close()
     return st
+
+
+def _report_split(cfg: PreprocessConfig, st: SplitStats, prefix: str, seconds: float) -> None:
+    """Log what one split kept; an empty training set is an error."""
+    name = st.name
+    if st.bpe_dropout:
+        log.info("%s: %d pairs kept in %.1fs: %d copies of the %d input lines, each sampled "
+                 "with BPE-dropout %g", name, st.kept, seconds, cfg.bpe_dropout_copies,
+                 st.lines, cfg.bpe_dropout)
+    else:
+        log.info("%s: %d of %d pairs kept in %.1fs", name, st.kept, st.lines, seconds)
+    if name == "train" and st.lines == 0:
+        raise NmtError(f"training set {prefix}.{{{cfg.source_lang},{cfg.target_lang}}} is empty")
+    if name == "train" and st.kept == 0:
+        raise NmtError(f"no training pairs left after filtering ({st.empty} empty, "
+                       f"{st.too_long} longer than --max-len {cfg.max_len}, "
+                       f"{st.ratio} over --max-len-ratio {cfg.max_len_ratio})")
 
 
 def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
@@ -504,6 +551,8 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
         else:
             src, tgt, _ = learn_codecs(cfg, cfg.trainpref, workers, progress)
             kind, joined, learned = cfg.subword or "bpe", cfg.joined, True
+        if cfg.bpe_dropout and not (src.supports_dropout and tgt.supports_dropout):
+            raise UsageError(f"--bpe-dropout needs sentencepiece BPE models, not {kind}")
         dtype = np.dtype(np.uint16) if max(len(src), len(tgt)) <= 65536 else np.dtype(np.int32)
 
         stats: list[SplitStats] = []
@@ -516,15 +565,7 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
                 st = binarize_split(run, name, prefix, cfg, tmp, dtype,
                                     counts if name == "train" else None, progress)
                 stats.append(st)
-                log.info("%s: %d of %d pairs kept in %.1fs", name, st.kept, st.lines,
-                         time.time() - t0)
-                if name == "train" and st.lines == 0:
-                    raise NmtError(f"training set {prefix}.{{{cfg.source_lang},"
-                                   f"{cfg.target_lang}}} is empty")
-                if name == "train" and st.kept == 0:
-                    raise NmtError(f"no training pairs left after filtering ({st.empty} empty, "
-                                   f"{st.too_long} longer than --max-len {cfg.max_len}, "
-                                   f"{st.ratio} over --max-len-ratio {cfg.max_len_ratio})")
+                _report_split(cfg, st, prefix, time.time() - t0)
 
         if counts is not None:
             # dict.txt counts are the kept training data's frequencies (fairseq's habit).

@@ -43,6 +43,10 @@ def built_from(cfg, splits: list[tuple[str, str]]) -> dict[str, Any]:
     if options.get("task") == "auto":
         # the default: a directory built before --task existed is the same build
         del options["task"]
+    if not options.get("bpe_dropout"):
+        # likewise: without BPE-dropout, a directory built before the option is the same build
+        options.pop("bpe_dropout", None)
+        options.pop("bpe_dropout_copies", None)
     # JSON round trip, so that the record compares equal to the one read back from meta.json.
     return json.loads(json.dumps({"files": files, "options": options}))
 

@@ -38,6 +38,7 @@ class SentencePieceBPE(SubwordModel):
         self.proto = proto
         self.threads = threads
         self.sp = spm.SentencePieceProcessor()
+        self._dropout = None           # DropoutBPE, built on the first sampled encoding
         try:
             self.sp.LoadFromSerializedProto(proto)
         except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
@@ -50,6 +51,17 @@ class SentencePieceBPE(SubwordModel):
     def encode_ids(self, lines: Sequence[str]) -> list[list[int]]:
         # With a list and num_threads > 1 the C++ side encodes in parallel, without the GIL.
         return self.sp.encode(list(lines), out_type=int, num_threads=self.threads)
+
+    def encode_ids_dropout(self, lines: Sequence[str], p: float, seed: int
+                           ) -> list[list[int]]:
+        """BPE-dropout (Provilkov et al. 2020): each merge is left out with probability ``p``,
+        so a word may come out in smaller pieces of the same vocabulary. The same ``seed``
+        gives the same pieces in any process (:mod:`nmt.data.bpe_dropout`; sentencepiece's own
+        sampling does not)."""
+        if self._dropout is None:
+            from nmt.data.bpe_dropout import DropoutBPE
+            self._dropout = DropoutBPE(self.sp)
+        return self._dropout.encode(lines, p, seed)
 
     def pieces(self, line: str) -> list[str]:
         return self.sp.encode(line, out_type=str)

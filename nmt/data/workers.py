@@ -64,12 +64,20 @@ class Filter:
 
 
 def task_encode(first: int, a: list[bytes], b: list[bytes], src_name: str, tgt_name: str,
-                 flt: Filter) -> tuple:
-    """Encode one chunk of pairs; returns the kept pairs' ids and the chunk's counts."""
+                 flt: Filter, dropout: tuple[float, int, int] | None = None) -> tuple:
+    """Encode one chunk of pairs; returns the kept pairs' ids and the chunk's counts.
+
+    ``dropout``: (p, seed, copy): BPE-dropout pieces, drawn with a seed of their own for
+    each (seed, copy, chunk, side), so that the data does not depend on --workers."""
     src_codec: TextCodec = _W["src"]
     tgt_codec: TextCodec = _W["tgt"]
-    s_flat, s_len = src_codec.encode_flat(decode_all(a, src_name, first))
-    t_flat, t_len = tgt_codec.encode_flat(decode_all(b, tgt_name, first))
+    s_drop = t_drop = None
+    if dropout is not None:
+        p, seed, copy = dropout
+        s_seed, t_seed = np.random.SeedSequence([seed, copy, first]).generate_state(2)
+        s_drop, t_drop = (p, int(s_seed)), (p, int(t_seed))
+    s_flat, s_len = src_codec.encode_flat(decode_all(a, src_name, first), dropout=s_drop)
+    t_flat, t_len = tgt_codec.encode_flat(decode_all(b, tgt_name, first), dropout=t_drop)
     # Each pair is counted under the first rule it breaks: empty, too long, ratio.
     empty = (s_len == 0) | (t_len == 0)
     longest = np.maximum(s_len, t_len)
