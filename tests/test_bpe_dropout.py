@@ -163,3 +163,47 @@ def test_no_dropout_builds_stay_the_same_build(corpus, tmp_path):
     stamp = (tmp_path / "bin" / "meta.json").stat().st_mtime_ns
     run(*common)                                   # recognized: nothing is rewritten
     assert (tmp_path / "bin" / "meta.json").stat().st_mtime_ns == stamp
+
+
+@pytest.fixture(scope="module")
+def byte_fallback(corpus, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("bytes") / "bin"
+    run("-s", "en", "-t", "de", "--trainpref", corpus / "train", "--joined-dictionary",
+        "--vocab-size", 600, "--byte-fallback", "--character-coverage", 0.999, "--destdir", dest)
+    return DataDir.open(dest)
+
+
+def test_byte_fallback_spells_unknown_characters_in_bytes(byte_fallback, corpus):
+    sp = _sp(byte_fallback)
+    lines = _lines(corpus)
+    assert any(sp.is_byte(i) for x in sp.encode(lines, out_type=int) for i in x)
+    assert DropoutBPE(sp).encode(lines, 0.0, seed=1) == sp.encode(lines, out_type=int)
+    sampled = DropoutBPE(sp).encode(lines, 0.1, seed=1)
+    assert sp.unk_id() not in {i for x in sampled for i in x}
+    assert [sp.decode(x) for x in sampled] == lines_as_decoded(sp, lines)
+
+
+def lines_as_decoded(sp, lines):
+    return [sp.decode(x) for x in sp.encode(lines, out_type=int)]
+
+
+def test_long_words_merge_through_the_heap(plain):
+    """A word past LONG_WORD characters (a URL, a run without spaces) merges in O(n log n):
+    at p=0 the same ids as sentencepiece, at p>0 the same text in more pieces."""
+    from nmt.data import bpe_dropout
+    sp = _sp(plain)
+    word = "ZweiMännerstehenamStrandundschauenaufdasMeer" * 200      # 9,000 characters
+    lines = [word, "a " + word[:100] + " b", "kurz"]
+    assert len(word) > bpe_dropout.LONG_WORD
+    assert DropoutBPE(sp).encode(lines, 0.0, seed=1) == sp.encode(lines, out_type=int)
+    sampled = DropoutBPE(sp).encode(lines, 0.2, seed=1)
+    assert [sp.decode(x) for x in sampled] == lines_as_decoded(sp, lines)
+    assert len(sampled[0]) > len(sp.encode(word))
+
+
+def test_negative_seed_and_rerun_without_dropout(corpus, tmp_path):
+    common = ["-s", "en", "-t", "de", "--trainpref", corpus / "train", "--vocab-size", 600,
+              "--destdir", tmp_path / "bin"]
+    run(*common, "--seed", -1, "--bpe-dropout", 0.1, "--bpe-dropout-copies", 2)
+    res = run(*common, "--seed", -1, ok=False)
+    assert res.exit_code != 0 and "options --bpe-dropout, --bpe-dropout-copies differ" in res.output

@@ -82,8 +82,12 @@ def difference(dest: Path, record: dict[str, Any]) -> str:
     files, old_files = record["files"], old.get("files", {})
     changed = [k for k in files if old_files.get(k) != files[k]]
     changed += [k for k in old_files if k not in files]
-    options = [k for k in record["options"]
-               if old.get("options", {}).get(k) != record["options"][k]]
+    old_options = old.get("options", {})
+    if not isinstance(old_options, dict):
+        old_options = {}
+    # both ways: an option at its default is left out of the record (--bpe-dropout 0)
+    options = [k for k in {**old_options, **record["options"]}
+               if old_options.get(k) != record["options"].get(k)]
     parts = ([f"input {', '.join(changed[:3])} changed"] if changed else []) + \
             ([f"options {', '.join('--' + o.replace('_', '-') for o in options[:3])} differ"]
              if options else [])

@@ -74,7 +74,7 @@ def task_encode(first: int, a: list[bytes], b: list[bytes], src_name: str, tgt_n
     s_drop = t_drop = None
     if dropout is not None:
         p, seed, copy = dropout
-        s_seed, t_seed = np.random.SeedSequence([seed, copy, first]).generate_state(2)
+        s_seed, t_seed = np.random.SeedSequence([seed % 2**64, copy, first]).generate_state(2)
         s_drop, t_drop = (p, int(s_seed)), (p, int(t_seed))
     s_flat, s_len = src_codec.encode_flat(decode_all(a, src_name, first), dropout=s_drop)
     t_flat, t_len = tgt_codec.encode_flat(decode_all(b, tgt_name, first), dropout=t_drop)
