@@ -152,6 +152,31 @@ def test_multi30k_literature_bpe_dropout_dry_run(tmp_path):
     assert "--metric multi-bleu --lowercase --lang de" in lit
 
 
+def test_multi30k_literature_lowercase_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature-lc", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    assert "[lowercase-train.de]" in out and "[lowercase-test_2016_flickr.en]" in out
+    pre, train, *tuning, gen, score, lit = commands(out)
+    # the model reads and writes lowercased text; references stay the raw files
+    assert "raw-lc/train" in pre and "data-bin-10000-lc" in train
+    assert len(tuning) == 16 and all("raw-lc/val.en" in c for c in tuning[::2])
+    assert all("--ref" in c and "raw/val.de" in c for c in tuning[1::2])
+    assert "raw-lc/test_2016_flickr.en" in gen
+    assert "raw/test_2016_flickr.de" in score and "--lowercase" in score
+    assert "--metric multi-bleu --lowercase --lang de" in lit
+
+
+def test_multi30k_tiny_lowercase_end_to_end(tmp_path):
+    p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc", "--work-dir",
+                    tmp_path)
+    assert "BLEU|nrefs:1|case:lc" in p.stdout and "case:lc" in p.stdout
+    lc = (tmp_path / "raw-lc" / "train.de").read_text(encoding="utf-8")
+    assert lc == (tmp_path / "raw" / "train.de").read_text(encoding="utf-8").lower() != lc.upper()
+    hyp = (tmp_path / "results-tiny" / "test_2016_flickr.hyp.de").read_text(encoding="utf-8")
+    assert hyp == hyp.lower() and fetch.count_lines(tmp_path / "results-tiny" /
+                                                    "test_2016_flickr.hyp.de") == 15
+
+
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)
     assert "BLEU|nrefs:1" in p.stdout and "chrF2" in p.stdout
