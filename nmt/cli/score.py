@@ -67,8 +67,10 @@ class ScoreConfig:
         None, "sacreBLEU tokenizer for BLEU (default: 13a, as sacreBLEU).", short="-tok",
         choices=TOKENIZERS)
     lowercase: bool = option(
-        False, "Case-insensitive BLEU and tok-BLEU (sacreBLEU's --lowercase); multi-bleu: "
-               "lowercase before normalizing and tokenizing, as the Multi30k papers do.",
+        False, "Case-insensitive BLEU, chrF and tok-BLEU (sacreBLEU's --lowercase and "
+               "--chrf-lowercase; the signatures say case:lc); multi-bleu: lowercase before "
+               "normalizing and tokenizing, as the Multi30k papers do. TER is "
+               "case-insensitive already (sacreBLEU's default).",
         short="-lc")
     force: bool = option(False, "sacreBLEU --force: do not warn when the input looks tokenized.")
     lang: str | None = option(

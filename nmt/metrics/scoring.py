@@ -88,7 +88,8 @@ def _sacre_metric(metric: str, opts: ScoreOptions, refs: Sequence[Sequence[str]]
             return BLEU(lowercase=opts.lowercase, force=opts.force, tokenize=opts.tokenize,
                         trg_lang=opts.lang or "", effective_order=sentence, references=refs)
         if metric == "chrf":
-            return CHRF(word_order=opts.chrf_word_order, references=refs)
+            return CHRF(word_order=opts.chrf_word_order, lowercase=opts.lowercase,
+                        references=refs)
         return TER(references=refs)
     except (ImportError, RuntimeError, ValueError, OSError) as e:
         # e.g. a tokenizer whose optional package (mecab, sentencepiece model) is missing
