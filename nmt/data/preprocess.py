@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -456,7 +456,8 @@ def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, o
     flt = Filter(apply=is_train or cfg.filter_eval, max_len=cfg.max_len,
                   max_ratio=cfg.max_len_ratio)
     st = SplitStats(name, str(prefix), filtered_applied=flt.apply)
-    if is_train and cfg.bpe_dropout:
+    sampled = is_train and bool(cfg.bpe_dropout)
+    if sampled:
         st.bpe_dropout = {"p": cfg.bpe_dropout, "copies": cfg.bpe_dropout_copies,
                           "seed": cfg.seed}
     task = progress.add_task(f"binarizing {name}", total=_size(src_path) + _size(tgt_path),
@@ -466,18 +467,15 @@ def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, o
     ws = SplitWriter(out_dir, name, cfg.source_lang, dtype, shard_size)
     wt = SplitWriter(out_dir, name, cfg.target_lang, dtype, shard_size)
     # BPE-dropout: the training split is the corpus sampled bpe_dropout_copies times over.
-    copies = cfg.bpe_dropout_copies if is_train and cfg.bpe_dropout else 1
+    copies = cfg.bpe_dropout_copies if sampled else 1
     if progress is not None and copies > 1:
         progress.update(task, total=copies * (_size(src_path) + _size(tgt_path)))
 
-    first_copy: deque[bool] = deque()       # per task, in order: whether it counts input lines
-
     def args():
         for copy in range(copies):
-            dropout = (cfg.bpe_dropout, cfg.seed, copy) if is_train and cfg.bpe_dropout else None
+            dropout = (cfg.bpe_dropout, cfg.seed, copy) if sampled else None
             for first, a, b, nbytes in iter_raw_chunks(src_path, tgt_path, cfg.chunk_size):
                 adv.advance(nbytes)
-                first_copy.append(copy == 0)
                 yield first, a, b, str(src_path), str(tgt_path), flt, dropout
 
     try:
@@ -485,7 +483,7 @@ def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, o
                 run.imap(task_encode, args()):
             ws.add(s_flat, s_len)
             wt.add(t_flat, t_len)
-            st.lines += n if first_copy.popleft() else 0
+            st.lines += n         # every copy reads every input line: divided below
             st.kept += len(s_len)
             st.src_tokens += len(s_flat)
             st.tgt_tokens += len(t_flat)
@@ -500,6 +498,7 @@ def binarize_split(run: Runner, name: str, prefix: str, cfg: PreprocessConfig, o
     finally:
         st.shards = ws.close()
         wt.close()
+    st.lines //= copies
     return st
 
 
