@@ -230,6 +230,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("data_dir", nargs="?")
     ap.add_argument("--arch", default="transformer_small")
+    ap.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="as nmt-train -o: change a hyperparameter of --arch (repeatable)")
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--updates", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2)
@@ -241,6 +243,7 @@ def main() -> None:
                     help="training precision (bf16/fp16 need CUDA); also the matmul rate's")
     ap.add_argument("--dropout-masks", default="torch", choices=["torch", "fast"],
                     help="as nmt-train --dropout-masks")
+    ap.add_argument("--loss-chunk", type=int, default=0, help="as nmt-train --loss-chunk")
     ap.add_argument("--save-interval-updates", type=int, default=0,
                     help="as nmt-train (with --warm-updates 0: checkpoints, validations)")
     ap.add_argument("--average-last", type=int, default=0, help="as nmt-train (the end of a run)")
@@ -284,11 +287,15 @@ def main() -> None:
         total = args.warm_updates + args.updates
         # (--dropout-masks only when given: bench_versions.py runs versions without it)
         masks = {} if args.dropout_masks == "torch" else {"dropout_masks": args.dropout_masks}
+        if args.loss_chunk:                     # (likewise --loss-chunk)
+            masks["loss_chunk"] = args.loss_chunk
         # (likewise the options of the run's saves and end, only when given)
         ends = {k: v for k, v in (("save_interval_updates", args.save_interval_updates),
                                   ("average_last", args.average_last),
                                   ("valid_bleu", args.valid_bleu)) if v}
-        cfg = TrainConfig(arch=args.arch, max_tokens=args.max_tokens, max_update=total,
+        from nmt.config import parse_overrides
+        cfg = TrainConfig(arch=args.arch, overrides=parse_overrides(args.override),
+                          max_tokens=args.max_tokens, max_update=total,
                           warmup=args.warmup, save_dir=args.save_dir or tmp, resume=False,
                           device=args.device, precision=args.precision,
                           log_interval=max(1, total // 10), **masks, **ends)
@@ -308,10 +315,12 @@ def main() -> None:
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
-        "torch": torch.__version__, "arch": args.arch, "max_tokens": args.max_tokens,
+        "torch": torch.__version__, "arch": args.arch, "overrides": args.override,
+        "max_tokens": args.max_tokens,
         "params": sum(p.numel() for p in run.model.parameters()),
         "updates": timed, "warm_updates": args.warm_updates, "threads": args.threads,
         "device": args.device, "precision": args.precision, "dropout_masks": args.dropout_masks,
+        "loss_chunk": args.loss_chunk,
         "gpu": torch.cuda.get_device_name(run.device) if cuda else None,
         "seconds": round(seconds, 2),
         "tgt_tokens_per_s": round(ntok / seconds, 1),

@@ -84,7 +84,8 @@ def run_train_child(tree: Path, args, extra: list[str]) -> dict:
     """One bench_train.py run (warm-up, then timed updates) with the nmt of ``tree``."""
     cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_train.py"), args.train,
            "--arch", args.arch, "--warm-updates", str(args.warm_updates), "--updates",
-           str(args.updates), "--threads", str(args.threads), *extra]
+           str(args.updates), "--threads", str(args.threads),
+           *(x for o in args.override for x in ("-o", o)), *extra]
     return child_result(tree, args.threads, cmd)
 
 
@@ -160,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--train", metavar="DATA_DIR",
                     help="measure training instead, on this nmt-preprocess output")
     ap.add_argument("--arch", default="transformer_small", help="training: the architecture")
+    ap.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="training: change a hyperparameter of --arch, for every version")
     ap.add_argument("--warm-updates", type=int, default=5, help="training: untimed updates")
     ap.add_argument("--updates", type=int, default=30, help="training: timed updates")
     ap.add_argument("--versions", default="HEAD",

@@ -105,6 +105,12 @@ class TrainConfig:
         "per generator call; the rate rounds to a multiple of 2^-15): faster training, but a "
         "run differs from a torch-mask run as a run with another seed would. A GPU uses its "
         "fused dropout either way.", choices=("torch", "fast"))
+    loss_chunk: int = option(
+        0, "Compute the output projection and the loss this many target tokens at a time, the "
+        "[tokens, vocabulary] logits never whole in memory (float32 without autocast; the "
+        "gradients are the same to float rounding). Cuts peak memory by about three times "
+        "tokens x vocabulary x 4 bytes (Multi30k literature model: 1.44 -> 0.91 GB), at about "
+        "the same speed on a CPU. 0: off, the logits whole.", metavar="TOKENS")
     # --- when to stop --------------------------------------------------------------------------
     max_update: int = option(0, "Stop after this many updates (0: no limit; the paper: 100000 "
                              "base, 300000 big).")
@@ -214,7 +220,7 @@ class TrainConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
         for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
                      "average_last", "average_best", "ensemble_best", "patience", "lr_period",
-                     "validate_after_updates"):
+                     "validate_after_updates", "loss_chunk"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
         if self.max_time < 0 or self.save_interval_minutes < 0 or self.clip_norm < 0:

@@ -12,6 +12,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 def label_smoothed_nll_loss(lprobs: Tensor, target: Tensor,
@@ -59,6 +60,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor | None):
         lprobs, target = ctx.saved_tensors
         epsilon, eps_i = ctx.eps
@@ -78,15 +80,112 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float) -> tu
     return _SmoothedCrossEntropy.apply(logits, target, epsilon)
 
 
+class _LinearSmoothedCrossEntropy(torch.autograd.Function):
+    """The pre-softmax projection and the label-smoothed cross entropy in one, a chunk of
+    rows at a time, the [N, V] logits never whole in memory.
+
+    With q the smoothed target distribution and p = softmax(z), the gradient of the loss with
+    respect to the logits is p - q = p - eps_i - c * onehot(target) (c = 1 - epsilon - eps_i).
+    Only p goes through the projection's matmuls; the two other terms are rank-1 and sparse:
+    dh = p W - eps_i * sum_v W_v - c * W[target], dW = p^T h - eps_i * 1 (sum_n h_n)^T
+    - c * (h added into the target rows). Per chunk of rows the [c, V] array is written by
+    the matmul, turned into log-probabilities (one row-wise kernel, in place), read once for
+    the loss, exponentiated in place, and read by the two gradient matmuls: every pass on an
+    array that is still in cache, no other [N, V] array allocated. The gradients are computed
+    in the forward pass (only when wanted) and scaled by the incoming gradient in backward.
+    Matmul FLOPs are those of the unfused projection: 1 forward, 2 backward.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                epsilon: float, chunk: int, grad_enabled: bool):
+        n, v = h.size(0), weight.size(0)
+        eps_i = epsilon / (v - 1) if v > 1 else 0.0
+        on_target = 1.0 - epsilon - eps_i
+        # (needs_input_grad says requires_grad even under no_grad: validation computes no
+        # gradients only because the caller's grad mode is passed in)
+        want = [x and grad_enabled for x in ctx.needs_input_grad]
+        dh = torch.empty_like(h) if want[0] else None
+        dw = torch.zeros_like(weight) if want[1] else None
+        db = torch.zeros_like(bias) if bias is not None and want[2] else None
+        nll = h.new_zeros((), dtype=torch.float64)
+        smooth = h.new_zeros((), dtype=torch.float64)
+        for s in range(0, n, chunk):
+            hc, tc = h[s:s + chunk], target[s:s + chunk].unsqueeze(-1)
+            z = torch.mm(hc, weight.t()) if bias is None else torch.addmm(bias, hc, weight.t())
+            lp = torch.log_softmax(z, dim=-1)
+            del z
+            nll -= lp.gather(-1, tc).sum(dtype=torch.float64)
+            if epsilon:
+                smooth -= lp.sum(dtype=torch.float64)
+            if dh is None and dw is None and db is None:
+                continue
+            p = lp.exp_()                                                  # softmax, in place
+            if dh is not None:
+                torch.mm(p, weight, out=dh[s:s + chunk])
+            if dw is not None:
+                dw.addmm_(p.t(), hc)
+            if db is not None:
+                db.add_(p.sum(0))
+        # the rank-1 (smoothing) and sparse (target) terms of -q
+        if dh is not None:
+            if eps_i:
+                dh.sub_(weight.sum(0), alpha=eps_i)
+            dh.sub_(weight.index_select(0, target), alpha=on_target)
+        if dw is not None:
+            if eps_i:
+                dw.sub_(h.sum(0), alpha=eps_i)
+            dw.index_add_(0, target, h, alpha=-on_target)
+        if db is not None:
+            if eps_i:
+                db.sub_(eps_i * n)
+            db.index_add_(0, target, db.new_full((n,), -on_target))
+        nll = nll.to(h.dtype)
+        loss = (on_target * nll + eps_i * smooth.to(h.dtype)) if epsilon else nll.clone()
+        ctx.save_for_backward(*(x for x in (dh, dw, db) if x is not None))
+        ctx.have = (dh is not None, dw is not None, db is not None)
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor | None):
+        saved = iter(ctx.saved_tensors)
+        out = [next(saved) * grad_loss if have else None for have in ctx.have]
+        return out[0], out[1], out[2], None, None, None, None
+
+
+def linear_smoothed_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None,
+                                  target: Tensor, epsilon: float,
+                                  chunk: int = 256) -> tuple[Tensor, Tensor]:
+    """(loss sum, nll sum) of the projection ``h @ weight.T + bias`` [N, V] against targets
+    [N]; equals ``smoothed_cross_entropy(F.linear(h, weight, bias), target, epsilon)`` to
+    float rounding, without the [N, V] logits in memory."""
+    return _LinearSmoothedCrossEntropy.apply(h, weight, bias, target, epsilon, chunk,
+                                             torch.is_grad_enabled())
+
+
 class ModelWithLoss(torch.nn.Module):
     """The model and its loss in one forward, so that DistributedDataParallel sees every use of
     the (tied) output projection inside ``forward``."""
 
-    def __init__(self, model: torch.nn.Module, epsilon: float, pad_idx: int = 0):
+    def __init__(self, model: torch.nn.Module, epsilon: float, pad_idx: int = 0,
+                 loss_chunk: int = 0):
         super().__init__()
         self.model = model
         self.epsilon = epsilon
         self.pad_idx = pad_idx
+        # > 0: linear_smoothed_cross_entropy with chunks of this many tokens, where it applies
+        # (nmt-train --loss-chunk)
+        self.loss_chunk = loss_chunk
+
+    def _can_fuse(self, h: Tensor) -> bool:
+        m = self.model
+        if getattr(m, "quantized_output", None) is not None or not hasattr(m, "projection_weight"):
+            return False
+        w, b = m.projection_weight, getattr(m, "output_bias", None)
+        return (h.dtype == w.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
+                and not torch.is_autocast_enabled(h.device.type))
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, target: Tensor,
                 target_positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -102,6 +201,11 @@ class ModelWithLoss(torch.nn.Module):
             target_positions = target.ne(self.pad_idx).flatten().nonzero().squeeze(1)
         h = hidden.flatten(0, 1).index_select(0, target_positions)                # [N, D]
         tgt = target.flatten().index_select(0, target_positions)                  # [N]
+        if self.loss_chunk > 0 and self._can_fuse(h):
+            # float32 without autocast: projection and loss chunk by chunk, no [N, V] arrays
+            return linear_smoothed_cross_entropy(h, self.model.projection_weight,
+                                                 self.model.output_bias, tgt, self.epsilon,
+                                                 self.loss_chunk)
         logits = self.model.output_projection(h)                                  # [N, V]
         # the loss in fp32 even under autocast: it sums thousands of tokens.
         if logits.dtype in (torch.float16, torch.bfloat16):

@@ -24,9 +24,13 @@ def start(cfg: TrainConfig, arch: str, n_params: int, n_train: int, world_size: 
           num_updates: int) -> None:
     """The run's first line, and warnings about options that undo what they are for."""
     log.info("model %s: %d parameters; %d training pairs; %d ranks x %d max tokens x "
-             "update-freq %d; device %s, %s%s", arch, n_params, n_train, world_size,
+             "update-freq %d; device %s, %s%s%s", arch, n_params, n_train, world_size,
              cfg.max_tokens, cfg.update_freq, device, cfg.precision,
-             "; fast dropout masks" if cfg.dropout_masks == "fast" else "")
+             "; fast dropout masks" if cfg.dropout_masks == "fast" else "",
+             f"; loss in chunks of {cfg.loss_chunk} tokens" if cfg.loss_chunk else "")
+    if cfg.loss_chunk and cfg.precision != "fp32":
+        log.warning("--loss-chunk applies to float32 training only; with --precision %s the "
+                    "logits are computed whole", cfg.precision)
     if cfg.max_update and cfg.max_update < cfg.warmup and num_updates < cfg.max_update:
         log.warning("--max-update %d ends the run before its warm-up of %d updates: the "
                     "learning rate never reaches its peak and the model will be undertrained; "

@@ -47,13 +47,13 @@ class Trainer:
                  schedule: ScheduleSpec | None = None, optimizer: str = "adam",
                  weight_decay: float = 0.0, clip_norm: float = 0.0, precision: str = "fp32",
                  device: torch.device | str = "cpu",
-                 dist_info: DistInfo | None = None, pad_idx: int = 0):
+                 dist_info: DistInfo | None = None, pad_idx: int = 0, loss_chunk: int = 0):
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
         dtype = precision_dtype(precision)   # that it can train here: TrainConfig.check
         self.precision = precision
         self.model = model.to(self.device)
-        self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx)
+        self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx, loss_chunk)
         self.wrapped: nn.Module = self.criterion
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
