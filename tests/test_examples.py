@@ -177,6 +177,79 @@ def test_multi30k_tiny_lowercase_end_to_end(tmp_path):
                                                     "test_2016_flickr.hyp.de") == 15
 
 
+def test_multi30k_literature_kd_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-max-update",
+                      300, "--dry-run", "--work-dir", tmp_path).stdout
+    pre, teacher, *rest = commands(out)
+    t_tune, (distill, kd_pre, student), s_tune = rest[:12], rest[12:15], rest[15:31]
+    gen, score, lit = rest[31:]
+    assert "--save-dir" in teacher and "checkpoints-literature " in teacher + " "
+    assert "--max-update 300" in teacher and "--max-update 8000" in student
+    # the teacher is tuned on validation with its own grid, then translates the training source
+    assert all("checkpoints-literature/checkpoint_avg10.pt" in c for c in t_tune[::2])
+    assert "checkpoints-literature/checkpoint_avg10.pt --input" in distill
+    assert "raw/train.en --output" in distill and "distill-literature/train.teacher.de" in distill
+    assert "--trainpref " in kd_pre and "distill-literature/train " in kd_pre
+    assert kd_pre.split("--reuse-vocab ")[1].split()[0] == str(tmp_path.resolve() /
+                                                               "data-bin-10000")
+    assert "data-bin-10000-kd-literature --arch" in student
+    assert "checkpoints-literature-kd " in student + " "
+    assert len(s_tune) == 16 and all("checkpoints-literature-kd/" in c for c in s_tune[::2])
+    assert "checkpoints-literature-kd/checkpoint_avg10.pt" in gen and "test_2016" in gen
+    assert "--metric multi-bleu --lowercase --lang de" in lit and score
+    # the teacher's steps are the standalone recipe's, so a finished `literature` run is reused
+    alone = commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                                 "--work-dir", tmp_path).stdout)
+    kd = commands(run_example("multi30k/run.py", "--recipe", "literature-kd", "--dry-run",
+                              "--work-dir", tmp_path).stdout)
+    assert kd[:14] == alone[:14]
+    # --max-update is the student's only; the teacher keeps its recipe's 8,000
+    out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--max-update", 500,
+                      "--dry-run", "--work-dir", tmp_path).stdout
+    teacher, student = commands(out)[1], commands(out)[16]
+    assert "--max-update 8000" in teacher and "--max-update 500" in student
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--recipe", "literature-kd", "--teacher-max-update", 0), "must be >= 1"),
+    (("--recipe", "literature", "--teacher-max-update", 100), "has no teacher"),
+])
+def test_multi30k_teacher_max_update_is_checked(tmp_path, args, message):
+    p = run_example("multi30k/run.py", *args, "--dry-run", "--work-dir", tmp_path, check=False)
+    assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_multi30k_tiny_distillation_end_to_end(tmp_path):
+    p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd", "--work-dir",
+                    tmp_path)
+    assert "case:lc" in p.stdout
+    raw = (tmp_path / "raw-lc" / "train.de").read_text(encoding="utf-8").splitlines()
+    teacher = (tmp_path / "distill-tiny-literature-lc" / "train.teacher.de").read_text(
+        encoding="utf-8").splitlines()
+    src = (tmp_path / "raw-lc" / "train.en").read_text(encoding="utf-8").splitlines()
+    # the student's pairs: the originals, then every source again with the teacher's output
+    assert len(teacher) == len(raw) == len(src) > 0
+    kd = tmp_path / "distill-tiny-literature-lc"
+    assert (kd / "train.de").read_text(encoding="utf-8").splitlines() == raw + teacher
+    assert (kd / "train.en").read_text(encoding="utf-8").splitlines() == src + src
+    meta = json.loads((tmp_path / "data-bin-lc-kd-tiny-literature-lc" / "meta.json").read_text())
+    assert meta["splits"]["train"]["input_lines"] == 2 * len(src)
+    for name in ("subword.de.model", "dict.de.txt"):   # the teacher's codec, byte for byte
+        assert ((tmp_path / "data-bin-lc-kd-tiny-literature-lc" / name).read_bytes()
+                == (tmp_path / "data-bin-lc" / name).read_bytes())
+    assert (tmp_path / "checkpoints-tiny-literature-lc" / "checkpoint_last.pt").is_file()
+    assert fetch.count_lines(tmp_path / "results-tiny" / "test_2016_flickr.hyp.de") == 15
+    again = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd",
+                        "--work-dir", tmp_path)
+    assert "distill-translate-checkpoints-tiny-literature-lc: already complete" in again.stderr
+    assert "$ " not in again.stderr
+    # another teacher length would only resume the finished teacher: refused, in one line
+    other = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd",
+                        "--teacher-max-update", 9, "--work-dir", tmp_path, check=False)
+    assert other.returncode != 0 and "Traceback" not in other.stderr
+    assert "checkpoints-tiny-literature-lc holds a run that finished" in other.stderr
+
+
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)
     assert "BLEU|nrefs:1" in p.stdout and "chrF2" in p.stdout
@@ -483,6 +556,55 @@ def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     assert Path(meta["splits"]["valid"]["source_path"] + ".gold") == \
         (tmp_path / "text" / "valid.gold").resolve()
     assert (tmp_path / "text" / "valid.gold").is_file()
+
+
+def test_parsing_learning_curve_from_train_sentences(tmp_path):
+    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
+    mini = str(FIXTURES.parent / "parsing" / "mini")
+
+    def run(*args, work):
+        return subprocess.run(["bash", script, "--tiny", *map(str, args), mini, str(work)],
+                              capture_output=True, text=True, env=ENV, timeout=240)
+    small, full = tmp_path / "small", tmp_path / "full"
+    assert run("--train-sentences", 4, work=small).returncode == 0
+    assert run(work=full).returncode == 0
+    assert fetch.count_lines(small / "text" / "train.words") == 4
+    assert fetch.count_lines(small / "text" / "train.lin") == 4
+    n_full = fetch.count_lines(full / "text" / "train.words")
+    assert n_full > 4
+    # valid and test are untouched: the same sentences score both runs
+    assert ((small / "text" / "test.gold").read_bytes()
+            == (full / "text" / "test.gold").read_bytes())
+    # a work dir holds one size: another size there is refused, not mixed in
+    other = run("--train-sentences", 5, work=small)
+    assert other.returncode == 2 and "made with --train-sentences 4, not 5" in other.stderr
+    assert run("--train-sentences", 6, work=full).returncode == 2
+    assert run("--train-sentences", 0, work=tmp_path / "z").returncode == 2
+    png = tmp_path / "curve.png"
+    p = subprocess.run([sys.executable, str(EXAMPLES / "parsing_wsj" / "learning_curve.py"),
+                        str(full), str(small), "--out", str(png)], capture_output=True,
+                       text=True, env=ENV, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "|---" not in
+            line][1:]
+    assert [r.split("|")[1].strip() for r in rows] == ["4", f"{n_full:,}"]   # by size
+    f1 = float((small / "results" / "bracket_f1.txt").read_text().split(" = ")[1].split()[0])
+    assert f"| {f1:.2f} |" in rows[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, str(EXAMPLES / "parsing_wsj" / "learning_curve.py"),
+                          str(tmp_path / "z")], capture_output=True, text=True, env=ENV,
+                         timeout=60)
+    assert bad.returncode != 0 and "not a finished run.sh work dir" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_prepare_train_sentences_is_checked(tmp_path):
+    from nmt.tasks.parsing import SplitSpec, prepare_treebank
+
+    mini = FIXTURES.parent / "parsing" / "mini"
+    with pytest.raises(NmtError, match="has only"):
+        prepare_treebank([mini], tmp_path, [SplitSpec.parse("train=0001-0001")],
+                         train_sentences=10_000)
 
 
 def test_parsing_run_sh_needs_a_treebank(tmp_path):

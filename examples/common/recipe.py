@@ -186,12 +186,14 @@ class Recipe:
     # --- steps -----------------------------------------------------------------------------
     def step(self, name: str, outputs: Sequence[Path], action: Callable[[], None], *,
              params: Mapping | None = None, describe: str = "", python: bool = False,
-             inputs: Sequence[Path] = ()) -> bool:
+             inputs: Sequence[Path] = (), on_stale: Callable[[], None] | None = None) -> bool:
         """Run ``action`` unless the step is already complete; returns whether it ran.
 
         ``python=True`` marks a step done in Python (download, text preparation): a dry run
         prints its description only. Other steps issue commands through :meth:`sh`, which a
         dry run prints. A change in an ``inputs`` file (an earlier step was redone) redoes it.
+        ``on_stale`` is called first when the step had completed but must run again (its
+        parameters, inputs or outputs changed since), e.g. to refuse to resume a finished run.
         """
         params = dict(params or {})
         if inputs and not self.dry_run:
@@ -200,6 +202,8 @@ class Recipe:
         if not self.force and not self.dry_run and self.is_done(name, params):
             log.info("%s: already complete, skipping", name)
             return False
+        if on_stale is not None and not self.dry_run and self.marker(name).exists():
+            on_stale()
         if self.dry_run:
             print(f"# [{name}] {describe}".rstrip())
             if not python:

@@ -76,6 +76,10 @@ class TrainingRecipe:
     # Train and decode on lowercased text, as Wu et al. and the Multi30k papers do (their
     # data is the lowercased release); scores are then case-insensitive throughout.
     lowercase: bool = False
+    # Sequence-level knowledge distillation (Kim & Rush 2016): the recipe named here is
+    # trained first in the same work dir (or found there), its tuned model translates the
+    # training source, and this recipe trains on the original pairs plus those translations.
+    teacher: str = ""
 
 
 RECIPES = {
@@ -110,6 +114,12 @@ RECIPES["literature-bpe-dropout"] = replace(
 # subwords are learned (Wu et al. trained on the lowercased Multi30k release). The model then
 # writes lowercased German, so sacreBLEU is reported case-insensitive (-lc) beside multi-bleu.
 RECIPES["literature-lc"] = replace(RECIPES["literature"], lowercase=True, tune=WIDE_TUNE)
+# Sequence-level knowledge distillation from the recipes above: a student of the same size,
+# trained from scratch for the same updates on the 29,000 original pairs plus the 29,000
+# source sentences with the teacher's beam-search translations (its averaged model, beam and
+# alpha chosen on validation). Why: examples/multi30k/README.md, "Variants".
+RECIPES["literature-kd"] = replace(RECIPES["literature"], tune=WIDE_TUNE, teacher="literature")
+RECIPES["literature-lc-kd"] = replace(RECIPES["literature-lc"], teacher="literature-lc")
 
 
 def get_raw(name: str, dest: Path, source_dir: Path | None, verify: bool) -> None:
@@ -172,6 +182,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default: 2)")
     ap.add_argument("--max-update", type=int, default=None,
                     help="change the recipe's number of updates (small: 1000, converge: 3000)")
+    ap.add_argument("--teacher-max-update", type=int, default=None,
+                    help="a distillation recipe (-kd): the teacher's number of updates "
+                         "(default: its recipe's; its run in the same --work-dir is reused)")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -219,15 +232,19 @@ def lowercase_data(r: Recipe, raw: Path, dest: Path, tgt: str) -> None:
                    describe=f"lowercase {split}.{lang}")
 
 
-def train_command(args, data_bin: Path, save_dir: Path, threads: int) -> list:
+def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: str = "",
+                  max_update: int | None = None) -> list:
+    """The nmt-train command of ``recipe`` (default: --recipe) with ``max_update`` updates
+    (default: --max-update, else the recipe's)."""
+    max_update = max_update or args.max_update
     if args.tiny:
         return ["nmt-train", data_bin, "--arch", "transformer_tiny", "--max-tokens", 512,
-                "--max-update", args.max_update or 6, "--warmup", 4, "--save-dir", save_dir,
+                "--max-update", max_update or 6, "--warmup", 4, "--save-dir", save_dir,
                 "--device", "cpu", "--threads", threads, "--keep-last", 1]
-    rec = RECIPES[args.recipe]
+    rec = RECIPES[recipe or args.recipe]
     overrides = [x for o in rec.overrides for x in ("-o", o)]
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", 4096,
-            "--max-update", args.max_update or rec.max_update, "--warmup", rec.warmup,
+            "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
             *(["--lr-scale", rec.lr_scale] if rec.lr_scale != 1.0 else []),
             "--save-dir", save_dir, *rec.extra, "--device", "cpu", "--threads", threads]
 
@@ -274,6 +291,100 @@ def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, flo
     return int(best["beam"]), float(best["alpha"])
 
 
+def distill(r: Recipe, model: Path, beam: int, alpha: float, text: Path, dest: Path,
+            tgt: str, threads: int) -> Path:
+    """Sequence-level knowledge distillation data (Kim & Rush 2016): the teacher ``model``
+    translates TEXT/train.en (beam, alpha); DEST/train.{en,TGT} are then the original pairs
+    followed by the source sentences again with the teacher's translations. Returns the
+    training prefix DEST/train."""
+    hyp = dest / f"train.teacher.{tgt}"
+    cmd = ["nmt-generate", model, "--input", text / "train.en", "--output", hyp,
+           "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
+           "--device", "cpu", "--threads", threads]
+
+    def translate() -> None:
+        if not r.dry_run:
+            dest.mkdir(parents=True, exist_ok=True)
+        r.sh(cmd)
+    r.step(f"distill-translate-{model.parent.name}", [hyp], translate,
+           inputs=[model, text / "train.en"],
+           params={"cmd": cmd}, describe=f"the teacher translates train.en (beam {beam}, "
+                                         f"alpha {alpha})")
+    outs = [dest / "train.en", dest / f"train.{tgt}"]
+
+    def concat() -> None:
+        for out, parts in ((outs[0], [text / "train.en", text / "train.en"]),
+                           (outs[1], [text / f"train.{tgt}", hyp])):
+            tmp = out.with_name(out.name + ".tmp")
+            with open(tmp, "wb") as f:
+                for part in parts:
+                    data = part.read_bytes()
+                    f.write(data if not data or data.endswith(b"\n") else data + b"\n")
+            os.replace(tmp, out)
+        fetch.check_line_counts({o.name: o for o in outs}, parallel=[(outs[0].name, outs[1].name)])
+    r.step(f"distill-data-{model.parent.name}", outs, concat, python=True,
+           inputs=[text / "train.en", text / f"train.{tgt}", hyp],
+           describe="training pairs: the originals, then the sources with the teacher's "
+                    "translations")
+    return dest / "train"
+
+
+def finished_elsewhere(save_dir: Path):
+    """For Recipe.step(on_stale=...): a training step that had finished and must run again
+    because its data or command changed (in a distillation recipe: another teacher) would
+    only resume the finished run in SAVE_DIR, keeping a model of the old inputs; refuse."""
+    def refuse() -> None:
+        if (save_dir / "checkpoint_last.pt").exists():
+            raise NmtError(f"{save_dir} holds a run that finished on other data or options "
+                           f"(e.g. another teacher or --teacher-max-update); delete that "
+                           f"folder to train it again, or use another --work-dir")
+    return refuse
+
+
+def teach(r: Recipe, args, rec: TrainingRecipe, data_bin: Path, raw: Path, text: Path,
+          stages: set[str], threads: int) -> Path:
+    """The teacher's part of a distillation recipe, in the train stage: train and tune the
+    teacher recipe in this work dir (skipped when its run is complete), let it translate the
+    training source, binarize originals + translations with the teacher's subwords and
+    dictionary. Returns the student's data directory."""
+    t_rec = RECIPES[rec.teacher]
+    # the teacher trains on the student's data directory under its own recipe's step names
+    if (t_rec.vocab, t_rec.lowercase, t_rec.bpe_dropout) != (rec.vocab, rec.lowercase,
+                                                             rec.bpe_dropout):
+        raise NmtError(f"recipe {args.recipe}: its teacher {rec.teacher} must share its "
+                       f"vocabulary, lowercasing and BPE-dropout")
+    t_run = f"tiny-{rec.teacher}" if args.tiny else rec.teacher
+    kd_bin = data_bin.with_name(f"{data_bin.name}-kd-{t_run}")
+    if "train" not in stages:
+        return kd_bin
+    tgt = args.target
+    t_save = r.work_dir / f"checkpoints-{t_run}"
+    t_model = t_save / (f"checkpoint_avg{t_rec.average_n}.pt" if t_rec.average and not args.tiny
+                        else "checkpoint_last.pt")
+    # the teacher's own updates (never the student's --max-update)
+    cmd = train_command(args, data_bin, t_save, threads, rec.teacher,
+                        args.teacher_max_update or (6 if args.tiny else t_rec.max_update))
+    r.step(f"train-{t_run}", [t_model], lambda: r.sh(cmd), inputs=[data_bin], params={"cmd": cmd},
+           on_stale=finished_elsewhere(t_save),
+           describe="train the teacher; resumes from checkpoint_last.pt after an interruption")
+    grid = TINY_TUNE if args.tiny else t_rec.tune
+    beam, alpha = (tune(r, grid, (t_rec.beam, t_rec.lenpen), t_model, raw,
+                        r.work_dir / f"results-{t_run}", tgt, threads, text)
+                   if grid else (t_rec.beam, t_rec.lenpen))
+    prefix = distill(r, t_model, beam, alpha, text, r.work_dir / f"distill-{t_run}", tgt, threads)
+    cmd_pre = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", prefix,
+               "--validpref", text / "val", "--testpref", text / "test_2016_flickr",
+               "--destdir", kd_bin, "--overwrite", "--reuse-vocab", data_bin,
+               "--workers", threads]
+    r.step(f"preprocess-kd-{t_run}", [kd_bin], lambda: r.sh(cmd_pre),
+           inputs=[prefix.with_name("train.en"), prefix.with_name(f"train.{tgt}"), data_bin,
+                   *(text / f"{split}.{lang}" for split in ("val", "test_2016_flickr")
+                     for lang in ("en", tgt))],
+           params={"cmd": cmd_pre},
+           describe="binarize the distilled training pairs with the teacher's subwords")
+    return kd_bin
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
 
@@ -283,8 +394,12 @@ def main(argv: list[str] | None = None) -> None:
         if stages - set(STAGES):
             raise NmtError(f"unknown stage(s) {', '.join(sorted(stages - set(STAGES)))}; "
                            f"choose from {', '.join(STAGES)} or all")
-        if args.threads < 1 or (args.max_update is not None and args.max_update < 1):
-            raise NmtError("--threads and --max-update must be >= 1")
+        if args.threads < 1 or any(x is not None and x < 1
+                                   for x in (args.max_update, args.teacher_max_update)):
+            raise NmtError("--threads, --max-update and --teacher-max-update must be >= 1")
+        if args.teacher_max_update is not None and not RECIPES[args.recipe].teacher:
+            raise NmtError(f"--teacher-max-update: recipe {args.recipe} has no teacher (a "
+                           f"distillation recipe ends in -kd)")
         source = FIXTURES if args.tiny else args.multi30k_dir
         if source is not None and not Path(source).is_dir():
             raise NmtError(f"{source}: no such folder")
@@ -325,10 +440,13 @@ def main(argv: list[str] | None = None) -> None:
                    "--workers", threads]
             r.step("preprocess", [data_bin], lambda: r.sh(cmd), inputs=[raw],
                    params={"cmd": cmd}, describe="joined sentencepiece BPE, binarize")
+        if rec.teacher:
+            data_bin = teach(r, args, rec, data_bin, raw, text, stages, threads)
         if "train" in stages:
             cmd = train_command(args, data_bin, save_dir, threads)
             r.step(f"train-{run}", [model], lambda: r.sh(cmd), inputs=[data_bin],
                    params={"cmd": cmd},
+                   on_stale=finished_elsewhere(save_dir) if rec.teacher else None,
                    describe="train; resumes from checkpoint_last.pt after an interruption")
         beam, lenpen = rec.beam, rec.lenpen
         grid = TINY_TUNE if args.tiny else rec.tune

@@ -53,13 +53,17 @@ DEFAULT_SPLITS = ("train=0001-0159", "valid=0160-0169", "test=0170-0179")
 @click.option("--signatures", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help="Also write {split}.sig: words seen fewer than N times in the "
                                 "train split replaced by a signature of their shape (0: no).")
+@click.option("--train-sentences", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", help="Keep only the first N sentences of the train split (in file "
+                                "order; the signatures count those only): for learning "
+                                "curves. 0: all.")
 @handle_errors("prepare.py")
-def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves, signatures):
+def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves, signatures, train_sentences):
     """Read TREEBANK files or directories (searched for *.mrg) and write OUT_DIR/{split}.*"""
     setup_logging()
     specs = [SplitSpec.parse(s) for s in (splits or DEFAULT_SPLITS)]
     summary = prepare_treebank(inputs, out_dir, specs, src_suffix, tgt_suffix, leaves,
-                               signatures)
+                               signatures, train_sentences)
     for name, info in summary.items():
         words = read_lines(Path(out_dir) / f"{name}.{src_suffix}")
         tags = read_lines(Path(out_dir) / f"{name}.tags")

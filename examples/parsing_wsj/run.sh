@@ -24,6 +24,8 @@
 #                   treebank sample on a CPU"). WORK_DIR default ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
+#   --train-sentences N  train on the first N training sentences only (a learning curve:
+#                   one WORK_DIR per N; examples/parsing_wsj/learning_curve.py draws it)
 #
 # Each step leaves WORK_DIR/.done/STEP when it finished and is skipped on the next run, so an
 # interrupted run resumes where it stopped (training resumes from checkpoint_last.pt).
@@ -36,6 +38,7 @@ lenpen=0.3
 prep_opts=()
 src=words
 max_update="${MAX_UPDATE:-}"
+train_sentences=""
 dry_run=0
 tiny=0
 sample=0
@@ -47,14 +50,15 @@ while [ $# -gt 0 ]; do
     --dry-run) dry_run=1; shift ;;
     --tiny) tiny=1; shift ;;
     --sample) sample=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --train-sentences) train_sentences="${2:?--train-sentences needs a number}"; shift 2 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 
-case "$gpus/${max_update:-1}" in
-  *[!0-9/]*|/*|*/|0/*) echo "run.sh: error: --gpus and --max-update take positive numbers" >&2; exit 2 ;;
+case "$gpus/${max_update:-1}/${train_sentences:-1}" in
+  *[!0-9/]*|/*|*/|0/*|*/0/*|*/0) echo "run.sh: error: --gpus, --max-update and --train-sentences take positive numbers" >&2; exit 2 ;;
 esac
 if [ "$tiny" = 1 ] && [ "$sample" = 1 ]; then
   echo "run.sh: error: --tiny and --sample exclude each other" >&2; exit 2
@@ -179,6 +183,18 @@ if [ "$gpus" -gt 1 ]; then
 fi
 
 [ "$dry_run" = 1 ] || mkdir -p "$work" "$out"
+
+# A work dir holds one training-set size: its steps are not redone when the size changes.
+if [ -n "$train_sentences" ]; then prep_opts+=(--train-sentences "$train_sentences"); fi
+if [ "$dry_run" != 1 ]; then
+  size="${train_sentences:-all}"
+  made="$(cat "$work/.train-sentences" 2>/dev/null || { [ -e "$work/.done/prepare" ] && echo all; } || true)"
+  if [ -n "$made" ] && [ "$made" != "$size" ]; then
+    echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
+    exit 2
+  fi
+  echo "$size" > "$work/.train-sentences"
+fi
 
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).
 step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}" ${prep_opts[@]+"${prep_opts[@]}"}

@@ -190,7 +190,8 @@ def file_number(path: str) -> int | None:
 def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
                      splits: Sequence[SplitSpec], src_suffix: str = "words",
                      tgt_suffix: str = "lin", leaves: str = "xx",
-                     signatures: int = 0) -> dict[str, dict[str, int]]:
+                     signatures: int = 0,
+                     train_sentences: int = 0) -> dict[str, dict[str, int]]:
     """Write, per split, ``{split}.{src_suffix}`` (words), ``{split}.{tgt_suffix}`` (linearized
     trees, :func:`linearize` with ``leaves``), ``{split}.gold`` (one normalized tree per line,
     rooted at TOP) and ``{split}.tags``.
@@ -198,6 +199,9 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     ``signatures`` N > 0: also ``{split}.sig``, the words with those seen fewer than N times in
     the ``train`` split replaced by their signature (:mod:`nmt.tasks.signatures`); lexicalized
     targets (``leaves="words"``) then carry the same signatures as leaves.
+
+    ``train_sentences`` N > 0: the ``train`` split keeps only its first N sentences (in file
+    order), before the signatures count its words; for learning curves.
 
     Returns {split: {"files": n, "sentences": n, "words": n}}.
     """
@@ -218,6 +222,14 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
         if not chosen:
             raise NmtError(f"split {spec.name}: no .mrg file numbered {spec.first}-{spec.last}")
         read[spec.name] = (len(chosen), [t for f in chosen for t in read_treebank_file(f)])
+    if train_sentences:
+        if "train" not in read:
+            raise NmtError("--train-sentences limits the 'train' split: give --split train=...")
+        n_files, trees = read["train"]
+        if train_sentences > len(trees):
+            raise NmtError(f"--train-sentences {train_sentences}: the train split has only "
+                           f"{len(trees)} sentences")
+        read["train"] = (n_files, trees[:train_sentences])
     sig = None
     if signatures:
         sig = Signatures.from_sentences(

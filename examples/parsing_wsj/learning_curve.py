@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Test bracket F1 against the number of training sentences, from finished run.sh work dirs.
+
+    examples/parsing_wsj/run.sh --sample PTB --train-sentences 1000 work-1k
+    examples/parsing_wsj/run.sh --sample PTB --train-sentences 2000 work-2k
+    examples/parsing_wsj/run.sh --sample PTB work-all
+    python examples/parsing_wsj/learning_curve.py work-1k work-2k work-all --out curve.png
+
+Each WORK_DIR gives one point: its training sentences (the lines of WORK/text/train.words),
+the test F1 under tree constraints (WORK/results/bracket_f1.txt) and, when the run wrote it,
+without them (bracket_f1.free.txt). Prints a markdown table and draws the picture.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from nmt.cli.common import handle_errors  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
+from nmt.io import atomic_write  # noqa: E402
+
+F1 = re.compile(r"^bracket-F1\|\S* = ([0-9.]+) ")
+
+
+def read_f1(path: Path) -> float | None:
+    """The F1 of an ``nmt-score --metric bracket-f1`` output file; None when absent."""
+    if not path.exists():
+        return None
+    m = F1.match(path.read_text(encoding="utf-8"))
+    if m is None:
+        raise NmtError(f"{path}: not an nmt-score bracket-f1 line")
+    return float(m.group(1))
+
+
+def point(work: Path) -> dict:
+    train, test = work / "text" / "train.words", work / "results" / "bracket_f1.txt"
+    if not train.exists() or not test.exists():
+        raise NmtError(f"{work}: not a finished run.sh work dir (no text/train.words or "
+                       f"results/bracket_f1.txt)")
+    with open(train, encoding="utf-8") as f:
+        sentences = sum(1 for _ in f)
+    return {"work": str(work), "sentences": sentences, "f1": read_f1(test),
+            "f1_free": read_f1(work / "results" / "bracket_f1.free.txt")}
+
+
+def draw(points: list[dict], out: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.5), layout="tight")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = [p["sentences"] for p in points]
+    ax.plot(xs, [p["f1"] for p in points], "o-", label="tree constraints")
+    free = [(p["sentences"], p["f1_free"]) for p in points if p["f1_free"] is not None]
+    if free:
+        ax.plot(*zip(*free), "s--", label="free decoding")
+    ax.set_xlabel("training sentences")
+    ax.set_ylabel("test bracket F1 (EVALB)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    with atomic_write(out, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("works", nargs=-1, required=True, metavar="WORK_DIR...")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the picture here (PNG).")
+@handle_errors("learning_curve.py")
+def main(works, out):
+    """One point per finished run.sh WORK_DIR: test F1 against training sentences."""
+    points = sorted((point(Path(w)) for w in works), key=lambda p: p["sentences"])
+    click.echo("| training sentences | test F1 (tree constraints) | test F1 (free) | work dir |")
+    click.echo("|---:|---:|---:|---|")
+    for p in points:
+        free = "-" if p["f1_free"] is None else f"{p['f1_free']:.2f}"
+        click.echo(f"| {p['sentences']:,} | {p['f1']:.2f} | {free} | {p['work']} |")
+    if out:
+        draw(points, Path(out))
+
+
+if __name__ == "__main__":
+    main()
