@@ -202,7 +202,15 @@ def test_multi30k_literature_kd_dry_run(tmp_path):
                                  "--work-dir", tmp_path).stdout)
     kd = commands(run_example("multi30k/run.py", "--recipe", "literature-kd", "--dry-run",
                               "--work-dir", tmp_path).stdout)
-    assert kd[:14] == alone[:14]
+    def step_names(recipe):
+        out = run_example("multi30k/run.py", "--recipe", recipe, "--dry-run", "--work-dir",
+                          tmp_path).stdout
+        return re.findall(r"^# \[([^\]]+)\]", out, flags=re.M)
+    # the step names (the markers a finished run left) up to the teacher's tuning, too
+    kd_steps, alone_steps = step_names("literature-kd"), step_names("literature")
+    upto = alone_steps.index("generate-literature")
+    assert kd[:14] == alone[:14] and kd_steps[:upto] == alone_steps[:upto]
+    assert "tune-checkpoints-literature" in kd_steps[:upto]
     # --max-update is the student's only; the teacher keeps its recipe's 8,000
     out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--max-update", 500,
                       "--dry-run", "--work-dir", tmp_path).stdout
@@ -464,6 +472,40 @@ def test_recipe_markers_redo_on_changed_outputs_or_params(tmp_path):
     assert not r.marker("t").exists()
 
 
+def test_recipe_on_stale_refuses_a_changed_finished_step_only(tmp_path):
+    out, refusals, runs = tmp_path / "o.txt", [], []
+
+    def refuse():
+        refusals.append(1)
+        if (tmp_path / "finished").exists():
+            raise NmtError("finished elsewhere")
+
+    def act():
+        runs.append(1)
+        out.write_text("x")
+
+    def step(force=False, **params):
+        return Recipe(tmp_path, force=force).step("s", [out], act, params=params,
+                                                  on_stale=refuse, python=True)
+    assert step(a=1) and refusals == []                    # first run: nothing to refuse
+    (tmp_path / "finished").write_text("")
+    assert not step(a=1) and step(force=True, a=1)         # unchanged, even with --force
+    assert refusals == []
+    with pytest.raises(NmtError, match="finished elsewhere"):
+        step(a=2)
+    assert r_marker_exists(tmp_path)                       # refused: the old marker stays
+    (tmp_path / "finished").unlink()                       # the user deletes the old run
+    with pytest.raises(KeyboardInterrupt):                 # the new run is interrupted ...
+        Recipe(tmp_path).step("s", [out], lambda: (_ for _ in ()).throw(KeyboardInterrupt()),
+                              params={"a": 2}, on_stale=refuse, python=True)
+    (tmp_path / "finished").write_text("")                 # ... after writing its checkpoint
+    assert step(a=2) and runs == [1, 1, 1]                 # and resumes, not refused
+
+
+def r_marker_exists(work: Path) -> bool:
+    return Recipe(work).marker("s").exists()
+
+
 # --- parsing_wsj/run.sh (bash) -------------------------------------------------------------
 
 def test_parsing_run_sh_dry_run_commands_are_valid(tmp_path):
@@ -578,8 +620,18 @@ def test_parsing_learning_curve_from_train_sentences(tmp_path):
     # a work dir holds one size: another size there is refused, not mixed in
     other = run("--train-sentences", 5, work=small)
     assert other.returncode == 2 and "made with --train-sentences 4, not 5" in other.stderr
-    assert run("--train-sentences", 6, work=full).returncode == 2
-    assert run("--train-sentences", 0, work=tmp_path / "z").returncode == 2
+    # a folder prepared before the option existed (no size file) holds all sentences
+    (full / ".train-sentences").unlink()
+    other = run("--train-sentences", 6, work=full)
+    assert other.returncode == 2 and "made with --train-sentences all, not 6" in other.stderr
+    assert run(work=full).returncode == 0
+    for bad in (0, "00", "2/3"):
+        p = run("--train-sentences", bad, work=tmp_path / "z")
+        assert p.returncode == 2 and "take positive numbers" in p.stderr
+    # a prepare that failed records nothing: another size may follow in the same folder
+    failed = run("--train-sentences", 10_000, work=tmp_path / "f")
+    assert failed.returncode != 0 and "has only" in failed.stderr
+    assert run("--train-sentences", 3, work=tmp_path / "f").returncode == 0
     png = tmp_path / "curve.png"
     p = subprocess.run([sys.executable, str(EXAMPLES / "parsing_wsj" / "learning_curve.py"),
                         str(full), str(small), "--out", str(png)], capture_output=True,
@@ -601,10 +653,27 @@ def test_parsing_learning_curve_from_train_sentences(tmp_path):
 def test_prepare_train_sentences_is_checked(tmp_path):
     from nmt.tasks.parsing import SplitSpec, prepare_treebank
 
+    from nmt.tasks.signatures import Signatures
+
     mini = FIXTURES.parent / "parsing" / "mini"
     with pytest.raises(NmtError, match="has only"):
         prepare_treebank([mini], tmp_path, [SplitSpec.parse("train=0001-0001")],
                          train_sentences=10_000)
+    with pytest.raises(NmtError, match="'train' split"):
+        prepare_treebank([mini], tmp_path, [SplitSpec.parse("test=0001-0001")],
+                         train_sentences=2)
+    # the signatures count the kept sentences only
+    specs = [SplitSpec.parse("train=0001-0003"), SplitSpec.parse("test=0001-0003")]
+    prepare_treebank([mini], tmp_path / "all", specs, signatures=2)
+    prepare_treebank([mini], tmp_path / "two", specs, signatures=2, train_sentences=2)
+    train = (tmp_path / "all" / "train.words").read_text(encoding="utf-8").splitlines()
+    assert (tmp_path / "two" / "train.words").read_text(encoding="utf-8").splitlines() == \
+        train[:2]
+    sig = Signatures.from_sentences((line.split() for line in train[:2]), 2)
+    test = (tmp_path / "two" / "test.words").read_text(encoding="utf-8").splitlines()
+    got = (tmp_path / "two" / "test.sig").read_text(encoding="utf-8").splitlines()
+    assert got == [" ".join(sig.map(line.split())) for line in test]
+    assert got != (tmp_path / "all" / "test.sig").read_text(encoding="utf-8").splitlines()
 
 
 def test_parsing_run_sh_needs_a_treebank(tmp_path):

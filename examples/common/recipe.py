@@ -199,11 +199,15 @@ class Recipe:
         if inputs and not self.dry_run:
             params["inputs"] = {self._rel(p): output_signature(Path(p)) for p in inputs}
         params = json.loads(json.dumps(params, sort_keys=True, default=str))
-        if not self.force and not self.dry_run and self.is_done(name, params):
+        done = not self.dry_run and self.is_done(name, params)
+        if done and not self.force:
             log.info("%s: already complete, skipping", name)
             return False
-        if on_stale is not None and not self.dry_run and self.marker(name).exists():
+        if on_stale is not None and not done and not self.dry_run and self.marker(name).exists():
             on_stale()
+            # the marker described the refused run; from here it describes the new one only,
+            # so that an interruption of the new run resumes instead of being refused again
+            self.forget(name)
         if self.dry_run:
             print(f"# [{name}] {describe}".rstrip())
             if not python:

@@ -57,9 +57,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-case "$gpus/${max_update:-1}/${train_sentences:-1}" in
-  *[!0-9/]*|/*|*/|0/*|*/0/*|*/0) echo "run.sh: error: --gpus, --max-update and --train-sentences take positive numbers" >&2; exit 2 ;;
-esac
+for v in "$gpus" "${max_update:-1}" "${train_sentences:-1}"; do
+  case "$v" in
+    ''|*[!0-9]*|0*) echo "run.sh: error: --gpus, --max-update and --train-sentences take positive numbers" >&2; exit 2 ;;
+  esac
+done
 if [ "$tiny" = 1 ] && [ "$sample" = 1 ]; then
   echo "run.sh: error: --tiny and --sample exclude each other" >&2; exit 2
 fi
@@ -188,12 +190,16 @@ fi
 if [ -n "$train_sentences" ]; then prep_opts+=(--train-sentences "$train_sentences"); fi
 if [ "$dry_run" != 1 ]; then
   size="${train_sentences:-all}"
-  made="$(cat "$work/.train-sentences" 2>/dev/null || { [ -e "$work/.done/prepare" ] && echo all; } || true)"
-  if [ -n "$made" ] && [ "$made" != "$size" ]; then
-    echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
-    exit 2
+  if [ -e "$work/.done/prepare" ]; then
+    # (a folder prepared before this option existed has no size file: all sentences)
+    made=all; [ -s "$work/.train-sentences" ] && made="$(cat "$work/.train-sentences")"
+    if [ "$made" != "$size" ]; then
+      echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
+      exit 2
+    fi
+  else
+    echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
   fi
-  echo "$size" > "$work/.train-sentences"
 fi
 
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).
