@@ -285,20 +285,18 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
     with tempfile.TemporaryDirectory() as tmp:
         total = args.warm_updates + args.updates
-        # (--dropout-masks only when given: bench_versions.py runs versions without it)
-        masks = {} if args.dropout_masks == "torch" else {"dropout_masks": args.dropout_masks}
-        if args.loss_chunk:                     # (likewise --loss-chunk)
-            masks["loss_chunk"] = args.loss_chunk
-        # (likewise the options of the run's saves and end, only when given)
-        ends = {k: v for k, v in (("save_interval_updates", args.save_interval_updates),
-                                  ("average_last", args.average_last),
-                                  ("valid_bleu", args.valid_bleu)) if v}
+        # Options only when given: bench_versions.py runs versions that lack them.
+        given = {k: v for k, v in (
+            ("dropout_masks", None if args.dropout_masks == "torch" else args.dropout_masks),
+            ("loss_chunk", args.loss_chunk),
+            ("save_interval_updates", args.save_interval_updates),
+            ("average_last", args.average_last), ("valid_bleu", args.valid_bleu)) if v}
         from nmt.config import parse_overrides
         cfg = TrainConfig(arch=args.arch, overrides=parse_overrides(args.override),
                           max_tokens=args.max_tokens, max_update=total,
                           warmup=args.warmup, save_dir=args.save_dir or tmp, resume=False,
                           device=args.device, precision=args.precision,
-                          log_interval=max(1, total // 10), **masks, **ends)
+                          log_interval=max(1, total // 10), **given)
         run = Run(cfg, data, data_dir)
         if args.warm_updates:
             seconds, flops, ntok = timed_updates(run, args.warm_updates, args.updates)

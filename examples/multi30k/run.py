@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import fetch  # noqa: E402
 from common.recipe import REPO_ROOT, Recipe, run_main, setup_logging  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
+from nmt.io import atomic_write  # noqa: E402
 
 STAGES = ("data", "preprocess", "train", "tune", "generate", "score")
 RAW_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.gz"
@@ -232,16 +233,14 @@ def lowercase_data(r: Recipe, raw: Path, dest: Path, tgt: str) -> None:
                    describe=f"lowercase {split}.{lang}")
 
 
-def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: str = "",
-                  max_update: int | None = None) -> list:
-    """The nmt-train command of ``recipe`` (default: --recipe) with ``max_update`` updates
-    (default: --max-update, else the recipe's)."""
-    max_update = max_update or args.max_update
+def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: str,
+                  max_update: int | None) -> list:
+    """The nmt-train command of ``recipe`` with ``max_update`` updates (None: the recipe's)."""
     if args.tiny:
         return ["nmt-train", data_bin, "--arch", "transformer_tiny", "--max-tokens", 512,
                 "--max-update", max_update or 6, "--warmup", 4, "--save-dir", save_dir,
                 "--device", "cpu", "--threads", threads, "--keep-last", 1]
-    rec = RECIPES[recipe or args.recipe]
+    rec = RECIPES[recipe]
     overrides = [x for o in rec.overrides for x in ("-o", o)]
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", 4096,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
@@ -291,6 +290,12 @@ def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, flo
     return int(best["beam"]), float(best["alpha"])
 
 
+def final_model(save_dir: Path, rec: TrainingRecipe, tiny: bool) -> Path:
+    """The checkpoint a recipe's run decodes with: its average, or the last one."""
+    return save_dir / (f"checkpoint_avg{rec.average_n}.pt" if rec.average and not tiny
+                       else "checkpoint_last.pt")
+
+
 def distill(r: Recipe, model: Path, beam: int, alpha: float, text: Path, dest: Path,
             tgt: str, threads: int) -> Path:
     """Sequence-level knowledge distillation data (Kim & Rush 2016): the teacher ``model``
@@ -315,12 +320,10 @@ def distill(r: Recipe, model: Path, beam: int, alpha: float, text: Path, dest: P
     def concat() -> None:
         for out, parts in ((outs[0], [text / "train.en", text / "train.en"]),
                            (outs[1], [text / f"train.{tgt}", hyp])):
-            tmp = out.with_name(out.name + ".tmp")
-            with open(tmp, "wb") as f:
+            with atomic_write(out, "wb") as f:
                 for part in parts:
                     data = part.read_bytes()
                     f.write(data if not data or data.endswith(b"\n") else data + b"\n")
-            os.replace(tmp, out)
         fetch.check_line_counts({o.name: o for o in outs}, parallel=[(outs[0].name, outs[1].name)])
     r.step(f"distill-data-{model.parent.name}", outs, concat, python=True,
            inputs=[text / "train.en", text / f"train.{tgt}", hyp],
@@ -359,11 +362,9 @@ def teach(r: Recipe, args, rec: TrainingRecipe, data_bin: Path, raw: Path, text:
         return kd_bin
     tgt = args.target
     t_save = r.work_dir / f"checkpoints-{t_run}"
-    t_model = t_save / (f"checkpoint_avg{t_rec.average_n}.pt" if t_rec.average and not args.tiny
-                        else "checkpoint_last.pt")
+    t_model = final_model(t_save, t_rec, args.tiny)
     # the teacher's own updates (never the student's --max-update)
-    cmd = train_command(args, data_bin, t_save, threads, rec.teacher,
-                        args.teacher_max_update or (6 if args.tiny else t_rec.max_update))
+    cmd = train_command(args, data_bin, t_save, threads, rec.teacher, args.teacher_max_update)
     r.step(f"train-{t_run}", [t_model], lambda: r.sh(cmd), inputs=[data_bin], params={"cmd": cmd},
            on_stale=finished_elsewhere(t_save),
            describe="train the teacher; resumes from checkpoint_last.pt after an interruption")
@@ -418,9 +419,7 @@ def main(argv: list[str] | None = None) -> None:
                                           f"x{rec.bpe_dropout_copies}")
         run = "tiny" if args.tiny else args.recipe
         save_dir, results = r.work_dir / f"checkpoints-{run}", r.work_dir / f"results-{run}"
-        average = not args.tiny and rec.average
-        model = save_dir / (f"checkpoint_avg{rec.average_n}.pt" if average
-                            else "checkpoint_last.pt")
+        model = final_model(save_dir, rec, args.tiny)
         hyp, scores = results / f"test_2016_flickr.hyp.{tgt}", results / "scores.txt"
 
         if "data" in stages:
@@ -443,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         if rec.teacher:
             data_bin = teach(r, args, rec, data_bin, raw, text, stages, threads)
         if "train" in stages:
-            cmd = train_command(args, data_bin, save_dir, threads)
+            cmd = train_command(args, data_bin, save_dir, threads, args.recipe, args.max_update)
             r.step(f"train-{run}", [model], lambda: r.sh(cmd), inputs=[data_bin],
                    params={"cmd": cmd},
                    on_stale=finished_elsewhere(save_dir) if rec.teacher else None,
