@@ -147,3 +147,28 @@ def test_fp16_overflow_in_the_training_loop_is_skipped_reported_and_survived(tmp
     assert ck["progress"]["update"] == UPDATES
     assert ck["scaler"]["scale"] == init / 2 ** k
     assert all_finite(ck["model"])
+
+
+def test_attention_runs_no_cudnn_kernels_whose_plans_cost_milliseconds_per_shape():
+    """torch 2.11 picks cuDNN's fused attention on Hopper, and cuDNN builds a plan for every new
+    shape: ~4 ms of CPU per call, 80% of an update with NMT's ever-changing batch lengths (the
+    first H200 run: transformer_base 34k target tokens/s, 202k without it). nmt's attention
+    lets SDPA choose among flash, memory-efficient and math kernels only, in training (masks,
+    dropout); decoding goes through the same MultiHeadAttention.attend."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    data = FakeData(n_train=48).load_split("train")
+    vocab = len(FakeData().src_codec.dictionary)
+    model = nmt.build_model(nmt.get_arch("transformer_tiny"), vocab, vocab).cuda()
+    lengths = [collate(data, list(range(i, i + 8))) for i in (0, 8, 16)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for b in lengths:                          # three batch shapes, as training sees them
+            b = b.to("cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(b.src_tokens, b.prev_output_tokens)
+            logits.float().sum().backward()
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages()}
+    assert any("scaled_dot_product" in n for n in names), sorted(names)[:40]
+    assert not [n for n in names if "cudnn_attention" in n], sorted(names)
