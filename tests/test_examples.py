@@ -122,6 +122,20 @@ def test_multi30k_converge_dry_run_en_fr(tmp_path):
     assert "--metric multi-bleu --lowercase --lang fr" in lit
 
 
+def test_multi30k_base_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "base", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    pre, train, gen, score, lit = commands(out)
+    assert "--vocab-size 8000" in pre
+    for opt in ("--arch transformer_base -o dropout=0.3", "--max-tokens 2500",
+                "--max-update 1000", "--warmup 400", "--lr-scale 0.5",
+                "--save-interval-updates 100", "--average-last 5"):
+        assert opt in train
+    assert "--max-tokens 4096" not in train
+    assert "checkpoints-base/checkpoint_avg5.pt" in gen
+    assert "--beam 4 --lenpen 0.6" in gen
+
+
 def test_multi30k_literature_dry_run(tmp_path):
     out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
                       "--work-dir", tmp_path).stdout
