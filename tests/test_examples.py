@@ -272,6 +272,81 @@ def test_multi30k_tiny_distillation_end_to_end(tmp_path):
     assert "checkpoints-tiny-literature-lc holds a run that finished" in other.stderr
 
 
+def test_multi30k_kd_from_given_checkpoints_dry_run(tmp_path):
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    a.write_bytes(b"x")
+    b.write_bytes(b"y")
+    out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-checkpoint", a,
+                      "--teacher-checkpoint", b, "--dry-run", "--work-dir", tmp_path).stdout
+    cmds = [c.removeprefix("OMP_NUM_THREADS=2 ") for c in commands(out)]
+    steps = re.findall(r"^# \[([^\]]+)\]", out, flags=re.M)
+    # no teacher is trained: the one nmt-train is the student's
+    trains = [c for c in cmds if c.startswith("nmt-train")]
+    assert len(trains) == 1 and "--max-update 8000" in trains[0]
+    name = next(s for s in steps if s.startswith("tune-given-"))[len("tune-"):]
+    assert re.fullmatch(r"given-[0-9a-f]{8}", name)
+    assert "train-literature" not in steps and f"train-literature-kd-{name}" in steps
+    # the ensemble is tuned on validation with the teacher recipe's grid, then translates
+    ens = f"nmt-generate {a.resolve()} {b.resolve()} --input"
+    tuning = [c for c in cmds if c.startswith(ens) and "val.en" in c]
+    assert len(tuning) == 6 and all(f"results-{name}/" in c for c in tuning)   # its 6 pairs
+    distill = [c for c in cmds if c.startswith(ens) and "train.en" in c]
+    assert len(distill) == 1 and f"distill-{name}/train.teacher.de" in distill[0]
+    assert f"data-bin-10000-kd-{name} --arch" in trains[0]
+    assert f"checkpoints-literature-kd-{name} " in trains[0] + " "
+    assert f"checkpoints-literature-kd-{name}/checkpoint_avg10.pt" in cmds[-3]
+    # the order of the models names another teacher (and another student run)
+    again = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-checkpoint", b,
+                        "--teacher-checkpoint", a, "--dry-run", "--work-dir", tmp_path).stdout
+    assert f"tune-{name}" not in again and "tune-given-" in again
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--recipe", "literature", "--teacher-checkpoint", "{ckpt}"), "has no teacher"),
+    (("--recipe", "literature-kd", "--teacher-checkpoint", "{ckpt}", "--teacher-max-update",
+      5), "give one"),
+    (("--recipe", "literature-kd", "--teacher-checkpoint", "{missing}"), "no such file"),
+])
+def test_multi30k_teacher_checkpoint_is_checked(tmp_path, args, message):
+    ckpt = tmp_path / "t.pt"
+    ckpt.write_bytes(b"x")
+    args = [str(x).format(ckpt=ckpt, missing=tmp_path / "none.pt") for x in args]
+    p = run_example("multi30k/run.py", *args, "--dry-run", "--work-dir", tmp_path, check=False)
+    assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_multi30k_tiny_distillation_from_an_ensemble_of_given_models(tmp_path):
+    first = tmp_path / "first"
+    run_example("multi30k/run.py", "--tiny", "--work-dir", first)
+    teacher = first / "checkpoints-tiny" / "checkpoint_last.pt"
+    work = tmp_path / "kd"
+    p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-kd",
+                    "--teacher-checkpoint", teacher, "--teacher-checkpoint", teacher,
+                    "--work-dir", work)
+    assert "BLEU|nrefs:1" in p.stdout
+    name = next(d.name for d in work.iterdir() if d.name.startswith("distill-given-"))
+    name = name[len("distill-"):]
+    src = (work / "raw" / "train.en").read_text(encoding="utf-8").splitlines()
+    raw = (work / "raw" / "train.de").read_text(encoding="utf-8").splitlines()
+    hyp = (work / f"distill-{name}" / "train.teacher.de").read_text(
+        encoding="utf-8").splitlines()
+    assert len(hyp) == len(src) > 0
+    assert (work / f"distill-{name}" / "train.de").read_text(
+        encoding="utf-8").splitlines() == raw + hyp
+    # the ensemble of one model twice translates as that model alone, with the beam and
+    # alpha its tuning on validation chose
+    best = json.loads((work / f"results-{name}" / "tuning.json").read_text())["best"]
+    alone = subprocess.run(["nmt-generate", str(teacher), "--input", str(work / "raw" / "train.en"),
+                            "--beam", str(best["beam"]), "--lenpen", str(best["alpha"]),
+                            "--max-len-a", "1", "--max-len-b", "50", "--device", "cpu",
+                            "--threads", "1"], capture_output=True, text=True, env=ENV,
+                           timeout=240, check=True).stdout.splitlines()
+    assert hyp == alone
+    assert not list(work.glob("checkpoints-tiny-literature*"))       # no teacher trained
+    assert (work / f"checkpoints-tiny-{name}" / "checkpoint_last.pt").is_file()
+    assert fetch.count_lines(work / f"results-tiny-{name}" / "test_2016_flickr.hyp.de") == 15
+
+
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)
     assert "BLEU|nrefs:1" in p.stdout and "chrF2" in p.stdout

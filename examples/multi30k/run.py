@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -196,6 +197,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--teacher-max-update", type=int, default=None,
                     help="a distillation recipe (-kd): the teacher's number of updates "
                          "(default: its recipe's; its run in the same --work-dir is reused)")
+    ap.add_argument("--teacher-checkpoint", action="append", type=Path, default=[],
+                    metavar="CKPT",
+                    help="a distillation recipe (-kd): distill from this trained model "
+                         "instead of training the teacher recipe; repeat it for an ensemble "
+                         "(beam and alpha tuned on validation with the teacher recipe's grid; "
+                         "the student's run is named after these checkpoints)")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -263,12 +270,14 @@ TINY_TUNE = ((1, 0.6), (2, 1.0))
 
 
 def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, float],
-         model: Path, raw: Path, results: Path, tgt: str, threads: int,
-         text: Path | None = None) -> tuple[int, float]:
+         model: Path | list[Path], raw: Path, results: Path, tgt: str, threads: int,
+         text: Path | None = None, name: str | None = None) -> tuple[int, float]:
     """Decode the validation split with each (beam, alpha) of ``grid``, score it as the
     literature does (lowercased, Moses-tokenized multi-bleu) and return the best pair (ties:
     the first; ``default`` in a dry run); the table goes to RESULTS/tuning.json. The test set
-    is not looked at."""
+    is not looked at. ``model``: a checkpoint, or a list of them (an ensemble; then ``name``
+    names the step)."""
+    models = model if isinstance(model, list) else [model]
     out = results / "tuning.json"
 
     def action() -> None:
@@ -278,7 +287,7 @@ def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, flo
         for beam, alpha in grid:
             hyp = results / f"val.beam{beam}.alpha{alpha}.hyp.{tgt}"
             score = hyp.with_name(hyp.name + ".multi-bleu.json")
-            r.sh(["nmt-generate", model, "--input", (text or raw) / "val.en", "--output", hyp,
+            r.sh(["nmt-generate", *models, "--input", (text or raw) / "val.en", "--output", hyp,
                   "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
                   "--device", "cpu", "--threads", threads, "--overwrite"])
             r.sh(["nmt-score", "--hyp", hyp, "--ref", raw / f"val.{tgt}", "--metric",
@@ -291,7 +300,7 @@ def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, flo
             out.write_text(json.dumps({"rows": rows, "best": best}, indent=2) + "\n")
             print("".join(f"valid beam {x['beam']} alpha {x['alpha']}: multi-bleu "
                           f"{x['multi_bleu']:.2f}\n" for x in rows), end="")
-    r.step(f"tune-{model.parent.name}", [out], action, inputs=[model],
+    r.step(f"tune-{name or models[0].parent.name}", [out], action, inputs=models,
            params={"grid": [list(x) for x in grid]},
            describe="beam and alpha by lowercased multi-bleu on the validation split")
     if r.dry_run or not out.exists():
@@ -306,14 +315,14 @@ def final_model(save_dir: Path, rec: TrainingRecipe, tiny: bool) -> Path:
                        else "checkpoint_last.pt")
 
 
-def distill(r: Recipe, model: Path, beam: int, alpha: float, text: Path, dest: Path,
-            tgt: str, threads: int) -> Path:
-    """Sequence-level knowledge distillation data (Kim & Rush 2016): the teacher ``model``
-    translates TEXT/train.en (beam, alpha); DEST/train.{en,TGT} are then the original pairs
-    followed by the source sentences again with the teacher's translations. Returns the
-    training prefix DEST/train."""
+def distill(r: Recipe, models: list[Path], name: str, beam: int, alpha: float, text: Path,
+            dest: Path, tgt: str, threads: int) -> Path:
+    """Sequence-level knowledge distillation data (Kim & Rush 2016): the teacher (``models``,
+    an ensemble when several; ``name`` names the steps) translates TEXT/train.en (beam,
+    alpha); DEST/train.{en,TGT} are then the original pairs followed by the source sentences
+    again with the teacher's translations. Returns the training prefix DEST/train."""
     hyp = dest / f"train.teacher.{tgt}"
-    cmd = ["nmt-generate", model, "--input", text / "train.en", "--output", hyp,
+    cmd = ["nmt-generate", *models, "--input", text / "train.en", "--output", hyp,
            "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
            "--device", "cpu", "--threads", threads]
 
@@ -321,8 +330,8 @@ def distill(r: Recipe, model: Path, beam: int, alpha: float, text: Path, dest: P
         if not r.dry_run:
             dest.mkdir(parents=True, exist_ok=True)
         r.sh(cmd)
-    r.step(f"distill-translate-{model.parent.name}", [hyp], translate,
-           inputs=[model, text / "train.en"],
+    r.step(f"distill-translate-{name}", [hyp], translate,
+           inputs=[*models, text / "train.en"],
            params={"cmd": cmd}, describe=f"the teacher translates train.en (beam {beam}, "
                                          f"alpha {alpha})")
     outs = [dest / "train.en", dest / f"train.{tgt}"]
@@ -335,7 +344,7 @@ def distill(r: Recipe, model: Path, beam: int, alpha: float, text: Path, dest: P
                     data = part.read_bytes()
                     f.write(data if not data or data.endswith(b"\n") else data + b"\n")
         fetch.check_line_counts({o.name: o for o in outs}, parallel=[(outs[0].name, outs[1].name)])
-    r.step(f"distill-data-{model.parent.name}", outs, concat, python=True,
+    r.step(f"distill-data-{name}", outs, concat, python=True,
            inputs=[text / "train.en", text / f"train.{tgt}", hyp],
            describe="training pairs: the originals, then the sources with the teacher's "
                     "translations")
@@ -354,35 +363,53 @@ def finished_elsewhere(save_dir: Path):
     return refuse
 
 
+def teacher_name(args) -> str:
+    """The teacher's run name in the work dir: its recipe's (tiny-RECIPE with --tiny), or with
+    --teacher-checkpoint "given-" and a digest of the checkpoints' resolved paths, in order."""
+    if args.teacher_checkpoint:
+        paths = "\n".join(str(p.resolve()) for p in args.teacher_checkpoint)
+        return "given-" + hashlib.sha256(paths.encode("utf-8")).hexdigest()[:8]
+    teacher = RECIPES[args.recipe].teacher
+    return f"tiny-{teacher}" if args.tiny else teacher
+
+
 def teach(r: Recipe, args, rec: TrainingRecipe, data_bin: Path, raw: Path, text: Path,
           stages: set[str], threads: int) -> Path:
     """The teacher's part of a distillation recipe, in the train stage: train and tune the
-    teacher recipe in this work dir (skipped when its run is complete), let it translate the
-    training source, binarize originals + translations with the teacher's subwords and
-    dictionary. Returns the student's data directory."""
+    teacher recipe in this work dir (skipped when its run is complete; with
+    --teacher-checkpoint, tune those models, an ensemble when several, instead), let it
+    translate the training source, binarize originals + translations with the recipe's
+    subwords and dictionary. Returns the student's data directory."""
     t_rec = RECIPES[rec.teacher]
     # the teacher trains on the student's data directory under its own recipe's step names
     if (t_rec.vocab, t_rec.lowercase, t_rec.bpe_dropout) != (rec.vocab, rec.lowercase,
                                                              rec.bpe_dropout):
         raise NmtError(f"recipe {args.recipe}: its teacher {rec.teacher} must share its "
                        f"vocabulary, lowercasing and BPE-dropout")
-    t_run = f"tiny-{rec.teacher}" if args.tiny else rec.teacher
+    t_run = teacher_name(args)
     kd_bin = data_bin.with_name(f"{data_bin.name}-kd-{t_run}")
     if "train" not in stages:
         return kd_bin
     tgt = args.target
-    t_save = r.work_dir / f"checkpoints-{t_run}"
-    t_model = final_model(t_save, t_rec, args.tiny)
-    # the teacher's own updates (never the student's --max-update)
-    cmd = train_command(args, data_bin, t_save, threads, rec.teacher, args.teacher_max_update)
-    r.step(f"train-{t_run}", [t_model], lambda: r.sh(cmd), inputs=[data_bin], params={"cmd": cmd},
-           on_stale=finished_elsewhere(t_save),
-           describe="train the teacher; resumes from checkpoint_last.pt after an interruption")
+    if args.teacher_checkpoint:
+        t_models, name = [p.resolve() for p in args.teacher_checkpoint], t_run
+    else:
+        t_save = r.work_dir / f"checkpoints-{t_run}"
+        t_model = final_model(t_save, t_rec, args.tiny)
+        # the teacher's own updates (never the student's --max-update)
+        cmd = train_command(args, data_bin, t_save, threads, rec.teacher,
+                            args.teacher_max_update)
+        r.step(f"train-{t_run}", [t_model], lambda: r.sh(cmd), inputs=[data_bin],
+               params={"cmd": cmd}, on_stale=finished_elsewhere(t_save),
+               describe="train the teacher; resumes from checkpoint_last.pt after an "
+                        "interruption")
+        t_models, name = [t_model], t_model.parent.name
     grid = TINY_TUNE if args.tiny else t_rec.tune
-    beam, alpha = (tune(r, grid, (t_rec.beam, t_rec.lenpen), t_model, raw,
-                        r.work_dir / f"results-{t_run}", tgt, threads, text)
+    beam, alpha = (tune(r, grid, (t_rec.beam, t_rec.lenpen), t_models, raw,
+                        r.work_dir / f"results-{t_run}", tgt, threads, text, name=name)
                    if grid else (t_rec.beam, t_rec.lenpen))
-    prefix = distill(r, t_model, beam, alpha, text, r.work_dir / f"distill-{t_run}", tgt, threads)
+    prefix = distill(r, t_models, name, beam, alpha, text, r.work_dir / f"distill-{t_run}", tgt,
+                     threads)
     cmd_pre = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", prefix,
                "--validpref", text / "val", "--testpref", text / "test_2016_flickr",
                "--destdir", kd_bin, "--overwrite", "--reuse-vocab", data_bin,
@@ -392,7 +419,7 @@ def teach(r: Recipe, args, rec: TrainingRecipe, data_bin: Path, raw: Path, text:
                    *(text / f"{split}.{lang}" for split in ("val", "test_2016_flickr")
                      for lang in ("en", tgt))],
            params={"cmd": cmd_pre},
-           describe="binarize the distilled training pairs with the teacher's subwords")
+           describe="binarize the distilled training pairs with the recipe's subwords")
     return kd_bin
 
 
@@ -408,9 +435,17 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads < 1 or any(x is not None and x < 1
                                    for x in (args.max_update, args.teacher_max_update)):
             raise NmtError("--threads, --max-update and --teacher-max-update must be >= 1")
-        if args.teacher_max_update is not None and not RECIPES[args.recipe].teacher:
-            raise NmtError(f"--teacher-max-update: recipe {args.recipe} has no teacher (a "
-                           f"distillation recipe ends in -kd)")
+        for given, option in ((args.teacher_max_update is not None, "--teacher-max-update"),
+                              (bool(args.teacher_checkpoint), "--teacher-checkpoint")):
+            if given and not RECIPES[args.recipe].teacher:
+                raise NmtError(f"{option}: recipe {args.recipe} has no teacher (a "
+                               f"distillation recipe ends in -kd)")
+        if args.teacher_checkpoint and args.teacher_max_update is not None:
+            raise NmtError("--teacher-max-update trains the teacher recipe; "
+                           "--teacher-checkpoint uses trained models instead: give one")
+        for ckpt in args.teacher_checkpoint:
+            if not ckpt.is_file():
+                raise NmtError(f"--teacher-checkpoint {ckpt}: no such file")
         source = FIXTURES if args.tiny else args.multi30k_dir
         if source is not None and not Path(source).is_dir():
             raise NmtError(f"{source}: no such folder")
@@ -428,6 +463,8 @@ def main(argv: list[str] | None = None) -> None:
             data_bin = data_bin.with_name(f"{data_bin.name}-bpe-dropout{rec.bpe_dropout}"
                                           f"x{rec.bpe_dropout_copies}")
         run = "tiny" if args.tiny else args.recipe
+        if args.teacher_checkpoint:     # a student of given models: a run of its own
+            run = f"{run}-{teacher_name(args)}"
         save_dir, results = r.work_dir / f"checkpoints-{run}", r.work_dir / f"results-{run}"
         model = final_model(save_dir, rec, args.tiny)
         hyp, scores = results / f"test_2016_flickr.hyp.{tgt}", results / "scores.txt"
