@@ -8,10 +8,11 @@ Python.
 
 The input is translated as nmt-generate translates it (``Translator`` with its defaults: batches
 of 64 sentences sorted by length, GNMT alpha 0.6, max length source + 50): once after a
-warm-up, timed with perf_counter, then once more under torch.profiler (CPU). The encoder and
-each decoder step are marked (``nmt::encoder``, ``nmt::decoder_step``); everything else inside
-the call (choosing the beams' next tokens, finishing hypotheses, reordering the cache, batching
-and detokenizing) is the search and the rest.
+warm-up, timed with perf_counter, then once more under torch.profiler (CPU). The encoder (with
+the decoder's keys and values of its output, computed once per batch) and each decoder step
+are marked (``nmt::encoder``, ``nmt::decoder_step``); everything else inside the call (choosing
+the beams' next tokens, finishing hypotheses, reordering the cache, batching and detokenizing)
+is the search and the rest.
 
 The self CPU time of every profiled event goes to one category, as benchmarks/profile_train.py
 assigns them (matmul kernels, attention, layer norm, indexing, elementwise, copies, ...; the
@@ -41,23 +42,22 @@ import profile_train  # noqa: E402
 
 PHASES = ("decoder steps", "encoder", "search and the rest")
 SPANS = {"nmt::decoder_step": PHASES[0], "nmt::encoder": PHASES[1]}
+# The ensemble's methods (decoding's model calls) and the region each is marked with.
+MARKED = {"encode": "nmt::encoder", "init_state": "nmt::encoder", "step": "nmt::decoder_step"}
 
 
 def mark(ensemble) -> None:
-    """Wrap the ensemble's encode and step (this instance only) in profiler regions."""
+    """Wrap the ensemble's model calls (this instance only) in profiler regions."""
     import torch
 
-    encode, step = ensemble.encode, ensemble.step
+    def marked(method, region: str):
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with torch.profiler.record_function(region):
+                return method(*args, **kwargs)
+        return call
 
-    def marked_encode(*args: Any, **kwargs: Any) -> Any:
-        with torch.profiler.record_function("nmt::encoder"):
-            return encode(*args, **kwargs)
-
-    def marked_step(*args: Any, **kwargs: Any) -> Any:
-        with torch.profiler.record_function("nmt::decoder_step"):
-            return step(*args, **kwargs)
-
-    ensemble.encode, ensemble.step = marked_encode, marked_step
+    for name, region in MARKED.items():
+        setattr(ensemble, name, marked(getattr(ensemble, name), region))
 
 
 def phase_of(event, memo: dict[int, str]) -> str:
@@ -88,8 +88,10 @@ def measure(args: argparse.Namespace, ckpts: list, lines: list[str]) -> dict[str
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from nmt.perf import keep_freed_memory
     from nmt.search.translator import BatchConfig, SearchConfig, Translator
 
+    keep_freed_memory()                       # as nmt-generate runs (nmt.cli.common)
     torch.set_num_threads(args.threads)
     tr = Translator.from_checkpoint(ckpts, search=SearchConfig(beam=args.beam),
                                     batch=BatchConfig(batch_size=args.batch_size),
@@ -146,7 +148,7 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoints", nargs="*", help="checkpoint(s); several = an ensemble")
     ap.add_argument("--input", help="raw source sentences, one per line")

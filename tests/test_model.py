@@ -277,3 +277,27 @@ def decode_step_by_step(model, src, prev):
         logits, state = model.decode(prev[:, t:t + 1], state)
         steps.append(logits)
     return torch.cat(steps, 1), state
+
+
+def test_cudnn_attention_is_switched_off_once_and_only_for_cuda(caplog):
+    """nmt's attention turns torch's cuDNN attention off before its first CUDA call (cuDNN
+    plans every new shape: ~4 ms of CPU per call, BENCHMARKS.md "GPU checks"); on a CPU the
+    flag is left alone."""
+    import logging
+
+    from nmt.models.layers import avoid_cudnn_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        model = nmt.build_model(nmt.get_arch("transformer_tiny"), 20, 20).eval()
+        tokens = torch.tensor([[5, 6, 7, 2]])
+        model(tokens, tokens)                                  # CPU attention
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        with caplog.at_level(logging.INFO, logger="nmt"):
+            avoid_cudnn_attention()
+            avoid_cudnn_attention()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert caplog.text.count("cuDNN attention switched off") == 1
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -35,6 +35,8 @@ def test_profile_generate_quick(tmp_path):
     assert cells[("matmul kernels", "decoder steps")] > 0
     assert cells[("attention (SDPA kernels)", "decoder steps")] > 0
     assert cells[("matmul kernels", "encoder")] > 0
+    # every model call is marked: no matmul runs in the search itself
+    assert cells[("matmul kernels", "search and the rest")] < 0.01 * phases["decoder steps"]
     assert phases["search and the rest"] > 0
     assert set(phases) == {"decoder steps", "encoder", "search and the rest"}
     # The printed table ends with the totals row.

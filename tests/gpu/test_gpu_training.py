@@ -151,24 +151,31 @@ def test_fp16_overflow_in_the_training_loop_is_skipped_reported_and_survived(tmp
 
 def test_attention_runs_no_cudnn_kernels_whose_plans_cost_milliseconds_per_shape():
     """torch 2.11 picks cuDNN's fused attention on Hopper, and cuDNN builds a plan for every new
-    shape: ~4 ms of CPU per call, 80% of an update with NMT's ever-changing batch lengths (the
-    first H200 run: transformer_base 34k target tokens/s, 202k without it). nmt's attention
-    lets SDPA choose among flash, memory-efficient and math kernels only, in training (masks,
-    dropout); decoding goes through the same MultiHeadAttention.attend."""
+    shape: ~4 ms of CPU per call, 80% of the CPU time of an update with NMT's changing batch
+    lengths (the first H200 run: transformer_base 34k target tokens/s, 202k without it). nmt's
+    attention switches cuDNN attention off on its first CUDA call (training: masks, dropout;
+    decoding goes through the same MultiHeadAttention.attend). The flag is checked on any GPU;
+    the profile shows no cuDNN attention op on one where SDPA would have picked it."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(0)
-    data = FakeData(n_train=48).load_split("train")
-    vocab = len(FakeData().src_codec.dictionary)
-    model = nmt.build_model(nmt.get_arch("transformer_tiny"), vocab, vocab).cuda()
-    lengths = [collate(data, list(range(i, i + 8))) for i in (0, 8, 16)]
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for b in lengths:                          # three batch shapes, as training sees them
-            b = b.to("cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(b.src_tokens, b.prev_output_tokens)
-            logits.float().sum().backward()
-        torch.cuda.synchronize()
-    names = {e.key for e in prof.key_averages()}
-    assert any("scaled_dot_product" in n for n in names), sorted(names)[:40]
-    assert not [n for n in names if "cudnn_attention" in n], sorted(names)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        torch.manual_seed(0)
+        data = FakeData(n_train=48).load_split("train")
+        vocab = len(FakeData().src_codec.dictionary)
+        model = nmt.build_model(nmt.get_arch("transformer_tiny"), vocab, vocab).cuda()
+        batches = [collate(data, list(range(i, i + 8))) for i in (0, 8, 16)]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for b in batches:                          # three batch shapes, as in training
+                b = b.to("cuda")
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(b.src_tokens, b.prev_output_tokens)
+                logits.float().sum().backward()
+            torch.cuda.synchronize()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        names = {e.key for e in prof.key_averages()}
+        assert any("scaled_dot_product" in n for n in names), sorted(names)[:40]
+        assert not [n for n in names if "cudnn_attention" in n], sorted(names)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
