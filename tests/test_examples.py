@@ -127,12 +127,12 @@ def test_multi30k_base_dry_run(tmp_path):
                       "--work-dir", tmp_path).stdout
     pre, train, gen, score, lit = commands(out)
     assert "--vocab-size 8000" in pre
-    for opt in ("--arch transformer_base -o dropout=0.3", "--max-tokens 2500",
-                "--max-update 1000", "--warmup 400", "--lr-scale 0.5",
-                "--save-interval-updates 100", "--average-last 5"):
+    for opt in ("--arch transformer_base -o pre_norm=true -o dropout=0.1", "--max-tokens 2500",
+                "--max-update 600", "--warmup 200", "--lr-scale 0.32",
+                "--save-interval-updates 100"):
         assert opt in train
-    assert "--max-tokens 4096" not in train
-    assert "checkpoints-base/checkpoint_avg5.pt" in gen
+    assert "--max-tokens 4096" not in train and "--average-last" not in train
+    assert "checkpoints-base/checkpoint_last.pt" in gen
     assert "--beam 4 --lenpen 0.6" in gen
 
 
