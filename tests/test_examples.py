@@ -317,7 +317,8 @@ def test_multi30k_teacher_checkpoint_is_checked(tmp_path, args, message):
 
 def test_multi30k_tiny_distillation_from_an_ensemble_of_given_models(tmp_path):
     first = tmp_path / "first"
-    run_example("multi30k/run.py", "--tiny", "--work-dir", first)
+    run_example("multi30k/run.py", "--tiny", "--stages", "data,preprocess,train", "--work-dir",
+                first)                                   # a trained model, not decoded
     teacher = first / "checkpoints-tiny" / "checkpoint_last.pt"
     work = tmp_path / "kd"
     p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-kd",
