@@ -24,7 +24,6 @@ the profiler adds a cost per op, so the plain wall time is given beside the prof
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import tempfile
@@ -166,9 +165,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
 
 def main(argv: list[str] | None = None) -> int:
     args, ap = parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        ckpts, lines = bench_generate.checkpoints_and_lines(args, ap, work)
+    with tempfile.TemporaryDirectory() as work:
+        ckpts, lines = bench_generate.checkpoints_and_lines(args, ap, Path(work))
         result = measure(args, ckpts, lines)
     print(render(result))
     if args.json:

@@ -272,14 +272,13 @@ TINY_TUNE = ((1, 0.6), (2, 1.0))
 
 
 def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, float],
-         model: Path | list[Path], raw: Path, results: Path, tgt: str, threads: int,
+         models: list[Path], raw: Path, results: Path, tgt: str, threads: int,
          text: Path | None = None, name: str | None = None) -> tuple[int, float]:
     """Decode the validation split with each (beam, alpha) of ``grid``, score it as the
     literature does (lowercased, Moses-tokenized multi-bleu) and return the best pair (ties:
     the first; ``default`` in a dry run); the table goes to RESULTS/tuning.json. The test set
-    is not looked at. ``model``: a checkpoint, or a list of them (an ensemble; then ``name``
-    names the step)."""
-    models = model if isinstance(model, list) else [model]
+    is not looked at. ``models``: one checkpoint, or an ensemble; ``name`` names the step
+    (default: the first model's folder)."""
     out = results / "tuning.json"
 
     def action() -> None:
@@ -499,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         beam, lenpen = rec.beam, rec.lenpen
         grid = TINY_TUNE if args.tiny else rec.tune
         if "tune" in stages and grid:
-            beam, lenpen = tune(r, grid, (rec.beam, rec.lenpen), model, raw, results, tgt,
+            beam, lenpen = tune(r, grid, (rec.beam, rec.lenpen), [model], raw, results, tgt,
                                 threads, text)
         if "generate" in stages:
             cmd = ["nmt-generate", model, "--input", text / "test_2016_flickr.en",
