@@ -127,14 +127,17 @@ def get_rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    """Take back get_rng_state()'s RNGs. The tensors go to the CPU first: a checkpoint loaded
+    with map_location="cuda" (a GPU run resuming) has them on the GPU, where torch's and
+    numpy's setters refuse them."""
+    torch.set_rng_state(state["torch"].cpu())
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
+    np.random.set_state(("MT19937", n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
                          n["has_gauss"], n["gauss"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 # --- what a resumed run must share with its checkpoint ---------------------------------------
