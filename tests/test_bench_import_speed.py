@@ -16,6 +16,7 @@ pytest.importorskip("ctranslate2")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_quick_run_compares_like_with_like(tmp_path):
     out, md = tmp_path / "speed.json", tmp_path / "speed.md"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_import_speed.py"),

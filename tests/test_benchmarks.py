@@ -229,6 +229,7 @@ def test_bench_versions_compares_trees_side_by_side(tmp_path, ckpt):
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_bench_versions_train_mode_times_each_version_and_compares_weights(tmp_path):
     """--train runs bench_train.py with each version's nmt; the same tree twice trains the
     same weights bit for bit (the digest of the weights is compared, not assumed), and the

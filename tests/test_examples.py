@@ -180,6 +180,7 @@ def test_multi30k_literature_lowercase_dry_run(tmp_path):
     assert "--metric multi-bleu --lowercase --lang de" in lit
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_tiny_lowercase_end_to_end(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc", "--work-dir",
                     tmp_path)
@@ -241,6 +242,7 @@ def test_multi30k_teacher_max_update_is_checked(tmp_path, args, message):
     assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_tiny_distillation_end_to_end(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd", "--work-dir",
                     tmp_path)
@@ -315,6 +317,7 @@ def test_multi30k_teacher_checkpoint_is_checked(tmp_path, args, message):
     assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_tiny_distillation_from_an_ensemble_of_given_models(tmp_path):
     first = tmp_path / "first"
     run_example("multi30k/run.py", "--tiny", "--stages", "data,preprocess,train", "--work-dir",
@@ -348,6 +351,7 @@ def test_multi30k_tiny_distillation_from_an_ensemble_of_given_models(tmp_path):
     assert fetch.count_lines(work / f"results-tiny-{name}" / "test_2016_flickr.hyp.de") == 15
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)
     assert "BLEU|nrefs:1" in p.stdout and "chrF2" in p.stdout
@@ -366,6 +370,7 @@ def test_validate_command_rejects_bad_options():
 
 # --- tiny runs: everything for real on the fixtures ------------------------------------------
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_wmt14_en_de_tiny_end_to_end_and_resume(tmp_path):
     work = tmp_path / "w"
     p = run_example("wmt14_en_de/run.py", "--tiny", "--jobs", 1, "--work-dir", work)
@@ -690,6 +695,7 @@ def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     assert (tmp_path / "text" / "valid.gold").is_file()
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_parsing_learning_curve_from_train_sentences(tmp_path):
     script = str(EXAMPLES / "parsing_wsj" / "run.sh")
     mini = str(FIXTURES.parent / "parsing" / "mini")

@@ -113,6 +113,7 @@ def test_sigterm_then_rerun_and_a_full_disk_then_rerun(f, tmp_path):
     assert not _journal(out).exists() and not _partial(out).exists()
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_a_rerun_that_differs_is_refused_and_overwrite_starts_afresh(f, tmp_path):
     out = tmp_path / "out.txt"
     _stop_after(f, out, 20, signal.SIGKILL)

@@ -115,6 +115,7 @@ def test_a_killed_rank_is_restarted_and_resumes_its_shard(f, tmp_path):
     assert translated == [str(LINES // 2 - kept)], err
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_ranks_that_finish_apart_are_merged_by_rank_0(f, tmp_path):
     """Rank 1 alone, then rank 0 alone: rank 0 merges once rank 1's shard is complete and
     acknowledged by rank 0's own torchrun attempt. Meanwhile a run with another world size

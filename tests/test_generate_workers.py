@@ -66,6 +66,7 @@ def _workers_of(proc):
     return sorted(kids, key=lambda k: k.pid)
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_killed_workers_run_resumes_to_the_one_process_output(f, tmp_path):
     want = _run(f, "-q").stdout
     out = tmp_path / "out.txt"

@@ -134,6 +134,7 @@ def at_update(n):
     return trigger
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_kill_at_random_moments_then_resume_equals_uninterrupted(data_dir, reference,
                                                                    tmp_path):
     rng = random.Random(int(os.environ.get("NMT_TEST_SEED", "8")))

@@ -75,7 +75,7 @@ def _start(fault: str, args: list[str]):
     return procs, lambda: tuple(psutil.Process(p.pid) for p in procs)
 
 
-@pytest.mark.parametrize("fault", ["kill", "hang"])
+@pytest.mark.parametrize("fault", ["kill", pytest.param("hang", marks=pytest.mark.slow)])  # hang: 17 s
 def test_a_dead_or_hung_rank_stops_the_job_within_the_timeout(data_dir, tmp_path, fault):
     save = tmp_path / "ckpt"
     args = [data_dir, "--arch", "transformer_tiny", "--max-tokens", "60", "--max-update",
