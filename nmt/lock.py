@@ -85,11 +85,16 @@ class WriterLock:
         return fd
 
     def release(self) -> None:
-        """Remove the lock file, then unlock (in this order: see the module's docstring)."""
+        """Remove the lock file, then unlock (in this order: see the module's docstring).
+
+        Only while the path still names the file this lock holds: when the guarded directory
+        was moved away during the run, the path may now hold another writer's lock file."""
         if self._fd is None:
             return
         try:
-            self.path.unlink(missing_ok=True)
+            mine, named = os.fstat(self._fd), os.stat(self.path)
+            if (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino):
+                self.path.unlink()
         except OSError:
             pass
         os.close(self._fd)

@@ -10,6 +10,7 @@ import fcntl
 import os
 import re
 import resource
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -108,6 +109,41 @@ def test_a_second_nmt_train_into_a_running_ones_save_dir_is_refused_naming_its_p
     assert f"at update {n} " in err and not in_progress.exists()    # a dead run's leftover
     assert load_checkpoint(out.strip())["progress"]["update"] == n + 2
     assert not (save / ".nmt.lock").exists()
+
+
+def test_a_save_dir_moved_during_the_run_is_not_recreated_at_the_old_path(data_dir, tmp_path):
+    """The directory a run locked is moved away and another run takes the old path: the first
+    run's next save (here the one SIGTERM asks for) fails with one line instead of writing
+    into the second run's directory, and its exit leaves the second run's lock alone."""
+    save, moved = tmp_path / "ckpt", tmp_path / "moved"
+    first = subprocess.Popen(["nmt-train", data_dir, *TINY, "--max-update", "1000000",
+                              "--keep-last", "2", "--save-dir", str(save)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_for(lambda: (save / "checkpoint_last.pt").exists(), first)
+        os.rename(save, moved)
+        save.mkdir()                                   # another writer's directory now
+        other = hold_lock(save / ".nmt.lock", "nmt-train")
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+        first.wait()
+    assert first.returncode == 1 and out == ""
+    last = err.splitlines()[-1]
+    assert last.startswith(f"nmt-train: error: {save}: the save directory was moved, removed "
+                           "or replaced while this run was training; checkpoint_"), err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in save.iterdir()) == [".nmt.lock"]    # nothing written there
+    assert (save / ".nmt.lock").read_text().split() == [str(os.getpid()), "nmt-train"]
+    os.close(other)
+    # The run's own checkpoints went with its directory and resume from there.
+    assert (moved / "checkpoint_last.pt").exists() and (moved / "train_log.jsonl").exists()
+    n = checkpoint_update(numbered_checkpoints(moved)[-1])
+    code, out, err = cli([data_dir, *TINY, "--max-update", n + 2, "--save-dir", moved])
+    assert code == 0, err
+    assert f"at update {n} " in err
 
 
 def hold_lock(path: Path, prog: str) -> int:

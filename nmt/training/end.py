@@ -66,6 +66,7 @@ def ensemble(end: RunEnd) -> list[tuple[Path, float | None]]:
         return []
     # Named by the N asked for, so that scripts find it (the warning says when fewer).
     listing = end.save_dir.path / f"ensemble_best{n}.txt"
+    end.save_dir.check_unmoved(listing.name)
     with atomic_write(listing, "w") as fh:
         fh.write("".join(f"{p}\n" for p in paths))
     score = None
@@ -101,6 +102,8 @@ def average(end: RunEnd) -> list[tuple[Path, float | None]]:
     """checkpoint_avg<N>.pt (--average-last) and checkpoint_avg_best<N>.pt (--average-best),
     each validated: [(path, score)], the last-N average first."""
     cfg, out = end.cfg, []
+    if cfg.average_last or cfg.average_best:
+        end.save_dir.check_unmoved("the averaged checkpoints")
     numbered = end.save_dir.numbered()
     if cfg.average_last:
         paths = numbered[-cfg.average_last:]

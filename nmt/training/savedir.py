@@ -68,6 +68,7 @@ class SaveDir:
         self.path = Path(path)
         self._lock = None
         self._created: list[Path] = []     # directories that prepare() made
+        self._identity: tuple[int, int] | None = None   # (st_dev, st_ino) that prepare() locked
 
     def prepare(self) -> None:
         """Create it, check that it is writable (fail now, not at the first save) and lock it
@@ -84,6 +85,8 @@ class SaveDir:
             self._lock = WriterLock(self.path / LOCK_NAME, self.path, "nmt-train",
                                     "wait for it to finish, or give another --save-dir")
             self._lock.acquire()
+            st = os.stat(self.path)
+            self._identity = (st.st_dev, st.st_ino)
         except BaseException:
             self.release()
             raise
@@ -125,6 +128,7 @@ class SaveDir:
               keep_last: int, keep: Iterable[int] = ()) -> Path:
         """Save checkpoint_<update>.pt, point the last (and best) links at it, and prune
         numbered checkpoints beyond the ``keep_last`` newest, except the updates in ``keep``."""
+        self.check_unmoved(f"checkpoint_{update}.pt")
         path = ckpt_io.save_checkpoint(ckpt, self.path / f"checkpoint_{update}.pt")
         link_or_copy(path, self.last)
         if is_best:
@@ -134,6 +138,25 @@ class SaveDir:
             if checkpoint_update(old) not in protected:
                 old.unlink(missing_ok=True)
         return path
+
+    def check_unmoved(self, what: str) -> None:
+        """NmtError unless the path still names the directory that :meth:`prepare` locked.
+
+        A save directory moved, removed or replaced during the run must not be recreated at
+        the old path (a directory without the run's lock, log or earlier checkpoints, where a
+        second run could start and mix with this one): the save fails with one line instead."""
+        if self._identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise NmtError(f"{self.path}: the save directory was moved, removed or replaced "
+                           f"while this run was training; {what} was not written (this run's "
+                           f"earlier checkpoints are in the directory it locked, wherever it "
+                           f"is now)")
 
     def remove_stale_temporaries(self) -> None:
         """A run killed while saving leaves '.checkpoint_*.tmp' files (never a checkpoint).
