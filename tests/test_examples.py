@@ -192,6 +192,20 @@ def test_multi30k_tiny_lowercase_end_to_end(tmp_path):
                                                     "test_2016_flickr.hyp.de") == 15
 
 
+def test_multi30k_literature_moses_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature-lc-moses", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    pre, train, *tuning, gen, score, lit = commands(out)
+    # lowercased, then Moses-tokenized by nmt-preprocess before the joined BPE of 10k
+    assert "raw-lc/train" in pre and "--moses" in pre and "--vocab-size 10000" in pre
+    assert "data-bin-10000-lc-moses" in train and "--max-update 8000" in train
+    assert len(tuning) == 16 and "checkpoints-literature-lc-moses/checkpoint_avg10.pt" in gen
+    assert "--lowercase" in score and "--metric multi-bleu --lowercase --lang de" in lit
+    plain = commands(run_example("multi30k/run.py", "--recipe", "literature-lc", "--dry-run",
+                                 "--work-dir", tmp_path).stdout)[0]
+    assert "--moses" not in plain
+
+
 def test_multi30k_literature_kd_dry_run(tmp_path):
     out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-max-update",
                       300, "--dry-run", "--work-dir", tmp_path).stdout

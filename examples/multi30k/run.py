@@ -78,6 +78,9 @@ class TrainingRecipe:
     # Train and decode on lowercased text, as Wu et al. and the Multi30k papers do (their
     # data is the lowercased release); scores are then case-insensitive throughout.
     lowercase: bool = False
+    # Moses-tokenize before the subwords are learned (nmt-preprocess --moses; decoding
+    # detokenizes), as the literature's BPE was learned on the tokenized release.
+    moses: bool = False
     # Sequence-level knowledge distillation (Kim & Rush 2016): the recipe named here is
     # trained first in the same work dir (or found there), its tuned model translates the
     # training source, and this recipe trains on the original pairs plus those translations.
@@ -128,6 +131,10 @@ RECIPES["literature-bpe-dropout"] = replace(
 # subwords are learned (Wu et al. trained on the lowercased Multi30k release). The model then
 # writes lowercased German, so sacreBLEU is reported case-insensitive (-lc) beside multi-bleu.
 RECIPES["literature-lc"] = replace(RECIPES["literature"], lowercase=True, tune=WIDE_TUNE)
+# ... and Moses-tokenized before the joined BPE, the literature's whole preprocessing (Wu et
+# al. learned 10k BPE merges on the tokenized, lowercased release): punctuation and clitics
+# become tokens of their own instead of pieces glued to words by sentencepiece.
+RECIPES["literature-lc-moses"] = replace(RECIPES["literature-lc"], moses=True)
 # Sequence-level knowledge distillation from the recipes above: a student of the same size,
 # trained from scratch for the same updates on the 29,000 original pairs plus the 29,000
 # source sentences with the teacher's beam-search translations (its averaged model, beam and
@@ -383,10 +390,10 @@ def teach(r: Recipe, args, rec: TrainingRecipe, data_bin: Path, raw: Path, text:
     subwords and dictionary. Returns the student's data directory."""
     t_rec = RECIPES[rec.teacher]
     # the teacher trains on the student's data directory under its own recipe's step names
-    if (t_rec.vocab, t_rec.lowercase, t_rec.bpe_dropout) != (rec.vocab, rec.lowercase,
-                                                             rec.bpe_dropout):
+    shared = ("vocab", "lowercase", "moses", "bpe_dropout")
+    if any(getattr(t_rec, k) != getattr(rec, k) for k in shared):
         raise NmtError(f"recipe {args.recipe}: its teacher {rec.teacher} must share its "
-                       f"vocabulary, lowercasing and BPE-dropout")
+                       f"vocabulary, lowercasing, tokenization and BPE-dropout")
     t_run = teacher_name(args)
     kd_bin = data_bin.with_name(f"{data_bin.name}-kd-{t_run}")
     if "train" not in stages:
@@ -479,12 +486,14 @@ def main(argv: list[str] | None = None) -> None:
             data_bin = data_bin.with_name(data_bin.name + "-lc")
             if "preprocess" in stages:
                 lowercase_data(r, raw, text, tgt)
+        if rec.moses:
+            data_bin = data_bin.with_name(data_bin.name + "-moses")
         if "preprocess" in stages:
             cmd = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", text / "train",
                    "--validpref", text / "val", "--testpref", text / "test_2016_flickr",
                    "--destdir", data_bin, "--overwrite", "--subword", "bpe",
                    "--joined-dictionary", "--vocab-size", vocab, *dropout,
-                   "--workers", threads]
+                   *(["--moses"] if rec.moses else []), "--workers", threads]
             r.step("preprocess", [data_bin], lambda: r.sh(cmd), inputs=[raw],
                    params={"cmd": cmd}, describe="joined sentencepiece BPE, binarize")
         if rec.teacher:
