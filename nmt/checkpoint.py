@@ -84,20 +84,28 @@ def _torch_save(obj: Any, f) -> None:
         raise out.error from None
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict:
     """Read and validate a checkpoint; every failure is a one-line :class:`NmtError`.
 
     Only tensors and plain python containers are unpickled (``weights_only=True``): a file that
     asks to construct arbitrary objects (a crafted pickle) is refused, not executed.
+
+    ``mmap``: map the file instead of reading it (torch.save's zip format; a legacy pickle is
+    read whole). A tensor is then read from disk only when used, so a reader that needs the
+    weights alone (decoding, averaging, export) never reads a training checkpoint's optimizer
+    state, twice the size of the weights. nmt replaces checkpoints by renaming, never in
+    place, so a mapped file does not change under its reader.
     """
     p = check_readable(path, "checkpoint", expected="a checkpoint file")
     if p.stat().st_size == 0:
         raise NmtError(f"{p}: empty file, not a checkpoint")
-    _check_kind(p)
+    is_zip = _check_kind(p)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pickle-protocol chatter on foreign files
-            ckpt = torch.load(p, map_location=map_location, weights_only=True)
+            ckpt = torch.load(p, map_location=map_location, weights_only=True,
+                              mmap=mmap and is_zip)
     except pickle.UnpicklingError as e:
         # weights_only's restricted unpickler refuses any global it does not allow: a crafted
         # file asking for os.system lands here and nothing of it is executed.
@@ -116,16 +124,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return ckpt
 
 
-def _check_kind(p: Path) -> None:
+def _check_kind(p: Path) -> bool:
     """Refuse at once a file that is not in torch.save's format (a zip archive, or a legacy
-    pickle), saying what it looks like: a text file is not 'refused by the safe loader'."""
+    pickle), saying what it looks like: a text file is not 'refused by the safe loader'.
+    True for a zip archive (the format that can be memory-mapped)."""
     try:
         with open(p, "rb") as f:
             head = f.read(4096)
     except OSError as e:
         raise NmtError(f"{p}: cannot read ({e.strerror or e})") from None
     if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
-        return
+        return head.startswith(b"PK\x03\x04")
     try:
         head.decode("utf-8")
         kind = "a text file"
@@ -275,7 +284,7 @@ def load_model_from_checkpoint(path_or_ckpt: str | os.PathLike | Mapping[str, An
         validate_checkpoint(ckpt)
         name = "checkpoint"
     else:
-        ckpt = load_checkpoint(path_or_ckpt)
+        ckpt = load_checkpoint(path_or_ckpt, mmap=True)   # the weights only are read
         name = str(path_or_ckpt)
     cfg = model_config(ckpt)
     src_v, tgt_v = vocab_sizes(ckpt)

@@ -96,10 +96,12 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
                              "export holds float32 weights)")
         from nmt.export_hf import export_huggingface
 
-        ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+        ckpt = (checkpoint if isinstance(checkpoint, dict)
+                else load_checkpoint(checkpoint, mmap=True))
         return export_huggingface(inference_checkpoint(ckpt), dest, name)
     ct2 = import_ctranslate2()
-    ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+    ckpt = (checkpoint if isinstance(checkpoint, dict)
+                else load_checkpoint(checkpoint, mmap=True))
     # Without the optimizer state of a training checkpoint: it would only take memory.
     model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
     src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)

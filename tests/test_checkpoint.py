@@ -41,6 +41,35 @@ def test_roundtrip_and_model_rebuild(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def mapped_files() -> set[str]:
+    """Files this process has memory-mapped (Linux: /proc/self/maps)."""
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        return {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
+def test_mmap_maps_the_file_instead_of_reading_it_and_reads_legacy_files_whole(tmp_path):
+    """Readers that need the weights alone map the checkpoint, so a training checkpoint's
+    optimizer state (twice the weights) is never read; a legacy (non-zip) file is read whole."""
+    ck = make_ckpt(1)
+    ck["optimizer"] = {"state": {0: {"exp_avg": torch.randn(64, 64)}}, "param_groups": []}
+    path = save_checkpoint(ck, tmp_path / "train.pt")
+    mapped = load_checkpoint(path, mmap=True)
+    assert str(path) in mapped_files()
+    assert torch.equal(mapped["optimizer"]["state"][0]["exp_avg"],
+                       ck["optimizer"]["state"][0]["exp_avg"])
+    del mapped
+    read = load_checkpoint(path)                         # training resumes read it whole
+    assert all(torch.equal(read["model"][k], v) for k, v in ck["model"].items())
+    model, _ = load_model_from_checkpoint(path)          # what nmt-generate does: mapped
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ck["model"].items())
+    legacy = tmp_path / "legacy.pt"
+    torch.save(ck, legacy, _use_new_zipfile_serialization=False)
+    old = load_checkpoint(legacy, mmap=True)
+    assert str(legacy) not in mapped_files()
+    assert all(torch.equal(old["model"][k], v) for k, v in ck["model"].items())
+
+
 def test_average_is_the_mean_of_the_inputs(tmp_path):
     paths = [save_checkpoint(make_ckpt(s), tmp_path / f"checkpoint_{s}.pt") for s in (1, 2, 3)]
     avg = average_checkpoints(paths)

@@ -210,7 +210,7 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
             raise UsageError("with no CHECKPOINT, stdin holds the checkpoint path; give the "
                              "sentences with --input FILE")
         paths = [_checkpoint_from_stdin()]
-        sources: Sequence = [load_checkpoint(paths[0])]
+        sources: Sequence = [load_checkpoint(paths[0], mmap=True)]
     else:
         paths = sources = list(checkpoints)
     split = cfg.split or ("test" if pipeline and cfg.input_path is None else None)

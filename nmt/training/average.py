@@ -27,7 +27,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
     first: dict | None = None
     sums: dict[str, torch.Tensor] = {}
     for path in paths:
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, mmap=True)     # optimizer states are never read
         weights = ckpt["model"]
         if first is None:
             first = ckpt
