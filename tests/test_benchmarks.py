@@ -41,6 +41,7 @@ def number(cell: str) -> float:
     return float(cell.replace(",", "").rstrip("%").split()[0])
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_run_all_quick(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("# Benchmarks\n\nHand-written intro.\n\n<!-- bench:train -->\nold\n"
@@ -205,6 +206,7 @@ def test_cuda_defaults_and_sections_without_a_gpu():
     assert "Not measured: the fairseq comparison is CPU only" in out["gpu-fairseq"]
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_bench_versions_compares_trees_side_by_side(tmp_path, ckpt):
     """Two versions (here the same tree twice) decode the same input in turns; the output of
     each is compared with the first's, and a version that is not a tree nor a revision is a

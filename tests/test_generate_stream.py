@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from test_translator import make_checkpoint, mixed_lines
 
@@ -83,6 +84,7 @@ def test_bench_generate_memory_quick(tmp_path):
     assert all(float(c[5]) > 10 for c in cells)         # MiB of a real Python process
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_bench_generate_resume_quick(tmp_path):
     """The 1M-line benchmark's machinery on 3,000 lines: a real SIGKILL mid-run, a resumed
     rerun that says where it resumed, and a byte-for-byte check against the 1x output."""

@@ -7,10 +7,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "profile_generate.py"
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_profile_generate_quick(tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--limit", "20", "--threads",

@@ -14,6 +14,7 @@ SCRIPT = ROOT / "benchmarks" / "profile_train.py"
 START, END = "<!-- bench:train-profile -->", "<!-- /bench:train-profile -->"
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_profile_train_quick(tmp_path):
     md = tmp_path / "B.md"
     md.write_text(f"# Benchmarks\n\nabove\n\n{START}\nstale table\n{END}\n\nbelow\n")

@@ -383,6 +383,7 @@ def test_batcher_respects_the_token_budget_and_never_mixes_options(ckpt):
     assert max(len(w) for w, _ in batches) > 1       # sentences of several requests together
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_load_test_quick_mode_reports_every_level_against_offline(tmp_path):
     out = tmp_path / "serve.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--quick",
