@@ -104,8 +104,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pickle-protocol chatter on foreign files
-            ckpt = torch.load(p, map_location=map_location, weights_only=True,
-                              mmap=mmap and is_zip)
+            try:
+                ckpt = torch.load(p, map_location=map_location, weights_only=True,
+                                  mmap=mmap and is_zip)
+            except (RuntimeError, OSError):
+                if not (mmap and is_zip):
+                    raise
+                # a filesystem that cannot map files (some FUSE mounts): read it whole; a
+                # corrupt file fails again below and is reported as such
+                ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         # weights_only's restricted unpickler refuses any global it does not allow: a crafted
         # file asking for os.system lands here and nothing of it is executed.

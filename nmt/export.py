@@ -101,7 +101,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
         return export_huggingface(inference_checkpoint(ckpt), dest, name)
     ct2 = import_ctranslate2()
     ckpt = (checkpoint if isinstance(checkpoint, dict)
-                else load_checkpoint(checkpoint, mmap=True))
+            else load_checkpoint(checkpoint, mmap=True))
     # Without the optimizer state of a training checkpoint: it would only take memory.
     model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
     src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)

@@ -61,8 +61,10 @@ def test_mmap_maps_the_file_instead_of_reading_it_and_reads_legacy_files_whole(t
     del mapped
     read = load_checkpoint(path)                         # training resumes read it whole
     assert all(torch.equal(read["model"][k], v) for k, v in ck["model"].items())
-    model, _ = load_model_from_checkpoint(path)          # what nmt-generate does: mapped
+    model, loaded = load_model_from_checkpoint(path)     # what nmt-generate does: mapped
+    assert str(path) in mapped_files()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ck["model"].items())
+    del loaded
     legacy = tmp_path / "legacy.pt"
     torch.save(ck, legacy, _use_new_zipfile_serialization=False)
     old = load_checkpoint(legacy, mmap=True)

@@ -146,6 +146,40 @@ def test_a_save_dir_moved_during_the_run_is_not_recreated_at_the_old_path(data_d
     assert f"at update {n} " in err
 
 
+@pytest.mark.parametrize("how", ["replaced", "removed"])
+def test_savedir_writes_nothing_once_its_directory_is_not_the_one_it_locked(tmp_path, how):
+    """SaveDir.write: a directory replaced by another (with a checkpoint of its own) is neither
+    written into nor pruned; a removed one is not recreated; its release leaves the other
+    directory's lock file alone."""
+    from nmt.errors import NmtError
+    from nmt.training.savedir import SaveDir
+
+    path = tmp_path / "ckpt"
+    sd = SaveDir(path)
+    sd.prepare()
+    ck = {"model": {"w": torch.zeros(2)}}
+    assert sd.write(ck, 1, False, keep_last=1).name == "checkpoint_1.pt"
+    os.rename(path, tmp_path / "moved")
+    if how == "replaced":
+        path.mkdir()
+        (path / "checkpoint_0.pt").write_bytes(b"another run's")
+        (path / ".nmt.lock").write_text("12345 nmt-train\n")
+    with pytest.raises(NmtError, match=r"the save directory was moved, removed or replaced "
+                                       r"while this run was training; checkpoint_2\.pt was "
+                                       r"not written"):
+        sd.write(ck, 2, True, keep_last=1)
+    assert not sd.unmoved()
+    sd.release()
+    if how == "replaced":
+        assert sorted(p.name for p in path.iterdir()) == [".nmt.lock", "checkpoint_0.pt"]
+        assert (path / ".nmt.lock").read_text() == "12345 nmt-train\n"
+    else:
+        assert not path.exists()
+    # the moved directory keeps its lock file (unlocked now: it blocks nothing)
+    assert sorted(p.name for p in (tmp_path / "moved").iterdir()) == [
+        ".nmt.lock", "checkpoint_1.pt", "checkpoint_last.pt"]
+
+
 def hold_lock(path: Path, prog: str) -> int:
     """Take the writer lock at ``path`` as ``prog`` would, from this process."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -346,7 +346,8 @@ def load_split(checkpoint: Mapping[str, Any] | str | os.PathLike, split: str = "
     from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint
     from nmt.data.datadir import DataDir
 
-    ckpt = checkpoint if isinstance(checkpoint, Mapping) else load_checkpoint(checkpoint)
+    ckpt = (checkpoint if isinstance(checkpoint, Mapping)
+            else load_checkpoint(checkpoint, mmap=True))
     data_dir = ckpt.get("data_dir")
     if not data_dir:
         raise NmtError("the checkpoint records no data directory; give the sentences to "

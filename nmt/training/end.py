@@ -45,6 +45,7 @@ def finish(end: RunEnd) -> Path:
     if cfg.best_checkpoint_metric != "loss" or cfg.patience:
         final = end.save_dir.best if end.save_dir.best.exists() else final
     if end.info.is_main:
+        end.save_dir.check_unmoved(f"{final.name} there is not this run's")
         averaged = average(end)
         if averaged:
             final = averaged[0][0]
@@ -61,12 +62,12 @@ def ensemble(end: RunEnd) -> list[tuple[Path, float | None]]:
     n = end.cfg.ensemble_best
     if not n:
         return []
+    end.save_dir.check_unmoved(f"ensemble_best{n}.txt was not written")
     paths = [p.resolve() for p in best_numbered(end, n, "for the ensemble")]
     if not paths:
         return []
     # Named by the N asked for, so that scripts find it (the warning says when fewer).
     listing = end.save_dir.path / f"ensemble_best{n}.txt"
-    end.save_dir.check_unmoved(listing.name)
     with atomic_write(listing, "w") as fh:
         fh.write("".join(f"{p}\n" for p in paths))
     score = None
@@ -102,20 +103,23 @@ def average(end: RunEnd) -> list[tuple[Path, float | None]]:
     """checkpoint_avg<N>.pt (--average-last) and checkpoint_avg_best<N>.pt (--average-best),
     each validated: [(path, score)], the last-N average first."""
     cfg, out = end.cfg, []
-    if cfg.average_last or cfg.average_best:
-        end.save_dir.check_unmoved("the averaged checkpoints")
+
+    def write(paths: list[Path], name: str) -> Path:
+        # checked just before each write: averaging many checkpoints takes a while
+        end.save_dir.check_unmoved(f"{name} was not written")
+        return average_to_file(paths, end.save_dir.path / name)
+
     numbered = end.save_dir.numbered()
     if cfg.average_last:
         paths = numbered[-cfg.average_last:]
         if len(paths) < cfg.average_last:
             log.warning("only %d checkpoints to average (asked for %d)", len(paths),
                         cfg.average_last)
-        out.append(average_to_file(paths, end.save_dir.path / f"checkpoint_avg{len(paths)}.pt"))
+        out.append(write(paths, f"checkpoint_avg{len(paths)}.pt"))
     if cfg.average_best:
         best = best_numbered(end, cfg.average_best, "to average")
         if best:
-            out.append(average_to_file(best, end.save_dir.path /
-                                       f"checkpoint_avg_best{len(best)}.pt"))
+            out.append(write(best, f"checkpoint_avg_best{len(best)}.pt"))
     return [(p, score_checkpoint(end, p)) for p in out]
 
 

@@ -110,6 +110,7 @@ class Run:
     def _run(self) -> Path:
         resumed = self.try_resume()
         if self.is_main:
+            self.save_dir.check_unmoved("train_log.jsonl was not opened")
             self.jsonl = JsonlLog(self.save_dir.path / "train_log.jsonl", append=resumed)
             self.tensorboard = TensorBoardLog(self.cfg.tensorboard_logdir,
                                               purge_step=self.trainer.num_updates + 1)
@@ -224,7 +225,8 @@ class Run:
     def _log_end(self) -> None:
         """The summary (rank 0): also after an interruption."""
         report.end(self.total.summary(), self.policy.elapsed(), self.trainer.num_updates,
-                   self.jsonl, self.tensorboard, self.save_dir.path)
+                   self.jsonl, self.tensorboard,
+                   self.save_dir.path if self.save_dir.unmoved() else None)
 
     # --- validation -------------------------------------------------------------------------------
     def validate(self, kind: str = "valid", name: str | None = None) -> dict[str, Any] | None:

@@ -91,14 +91,16 @@ def best(jsonl, update: int, metric: str, value: float) -> None:
 
 
 def end(summary: dict[str, float], seconds: float, update: int, jsonl, tensorboard,
-        save_dir: Path) -> None:
-    """The summary line and record; closes the logs and draws SAVE_DIR/curves.png."""
+        save_dir: Path | None) -> None:
+    """The summary line and record; closes the logs and draws SAVE_DIR/curves.png (not when
+    ``save_dir`` is None: the run's directory is no longer at its path)."""
     log.info("done: %d updates in %.1fs | %.0f target tokens/s | %.3f updates/s",
              update, seconds, summary["tgt_tokens_per_s"], summary["updates_per_s"])
     jsonl.write({"kind": "summary", "update": update, "seconds": seconds, **summary})
     jsonl.close()
     tensorboard.close()
-    plot_curves(save_dir / "train_log.jsonl", save_dir / "curves.png")
+    if save_dir is not None:
+        plot_curves(save_dir / "train_log.jsonl", save_dir / "curves.png")
 
 
 __all__ = ["start", "check_finite", "train_line", "nonfinite", "best", "end"]

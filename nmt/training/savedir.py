@@ -56,9 +56,13 @@ def link_or_copy(src: Path, dest: Path) -> None:
         os.replace(tmp, dest)
     except OSError:
         from nmt.io import atomic_write
-        with open(src, "rb") as fin, atomic_write(dest, "wb") as fout:
-            while chunk := fin.read(1 << 24):
-                fout.write(chunk)
+        try:
+            with open(src, "rb") as fin, atomic_write(dest, "wb") as fout:
+                while chunk := fin.read(1 << 24):
+                    fout.write(chunk)
+        except OSError as e:
+            raise NmtError(f"{dest}: cannot link or copy {src.name} ({e.strerror or e})"
+                           ) from None
 
 
 class SaveDir:
@@ -128,35 +132,45 @@ class SaveDir:
               keep_last: int, keep: Iterable[int] = ()) -> Path:
         """Save checkpoint_<update>.pt, point the last (and best) links at it, and prune
         numbered checkpoints beyond the ``keep_last`` newest, except the updates in ``keep``."""
-        self.check_unmoved(f"checkpoint_{update}.pt")
-        path = ckpt_io.save_checkpoint(ckpt, self.path / f"checkpoint_{update}.pt")
-        link_or_copy(path, self.last)
-        if is_best:
-            link_or_copy(path, self.best)
+        lost = f"checkpoint_{update}.pt was not written"
+        self.check_unmoved(lost)
+        try:
+            path = ckpt_io.save_checkpoint(ckpt, self.path / f"checkpoint_{update}.pt")
+            link_or_copy(path, self.last)
+            if is_best:
+                link_or_copy(path, self.best)
+        except (NmtError, OSError):
+            self.check_unmoved(lost)          # moved during the save: say that, not ENOENT
+            raise
+        self.check_unmoved(f"checkpoint_{update}.pt was saved, but nothing was pruned")
         protected = set(keep)
         for old in self.numbered()[:-max(keep_last, 1)]:
             if checkpoint_update(old) not in protected:
                 old.unlink(missing_ok=True)
         return path
 
-    def check_unmoved(self, what: str) -> None:
-        """NmtError unless the path still names the directory that :meth:`prepare` locked.
+    def unmoved(self) -> bool:
+        """Whether the path still names the directory that :meth:`prepare` locked (always
+        True where prepare() did not run: ranks other than 0 write nothing)."""
+        if self._identity is None:
+            return True
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._identity
+
+    def check_unmoved(self, consequence: str) -> None:
+        """NmtError unless :meth:`unmoved`; ``consequence`` says what did not happen.
 
         A save directory moved, removed or replaced during the run must not be recreated at
         the old path (a directory without the run's lock, log or earlier checkpoints, where a
-        second run could start and mix with this one): the save fails with one line instead."""
-        if self._identity is None:
-            return
-        try:
-            st = os.stat(self.path)
-            same = (st.st_dev, st.st_ino) == self._identity
-        except OSError:
-            same = False
-        if not same:
+        second run could start and mix with this one), nor written into when another run's
+        directory is there now: the write fails with one line instead."""
+        if not self.unmoved():
             raise NmtError(f"{self.path}: the save directory was moved, removed or replaced "
-                           f"while this run was training; {what} was not written (this run's "
-                           f"earlier checkpoints are in the directory it locked, wherever it "
-                           f"is now)")
+                           f"while this run was training; {consequence} (this run's "
+                           f"checkpoints are in the directory it locked, wherever it is now)")
 
     def remove_stale_temporaries(self) -> None:
         """A run killed while saving leaves '.checkpoint_*.tmp' files (never a checkpoint).
