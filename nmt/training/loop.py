@@ -225,8 +225,7 @@ class Run:
     def _log_end(self) -> None:
         """The summary (rank 0): also after an interruption."""
         report.end(self.total.summary(), self.policy.elapsed(), self.trainer.num_updates,
-                   self.jsonl, self.tensorboard,
-                   self.save_dir.path if self.save_dir.unmoved() else None)
+                   self.jsonl, self.tensorboard, self.save_dir.current)
 
     # --- validation -------------------------------------------------------------------------------
     def validate(self, kind: str = "valid", name: str | None = None) -> dict[str, Any] | None:

@@ -160,6 +160,11 @@ class SaveDir:
             return False
         return (st.st_dev, st.st_ino) == self._identity
 
+    @property
+    def current(self) -> Path | None:
+        """The path while it names the directory this run locked, else None."""
+        return self.path if self.unmoved() else None
+
     def check_unmoved(self, consequence: str) -> None:
         """NmtError unless :meth:`unmoved`; ``consequence`` says what did not happen.
 
