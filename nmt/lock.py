@@ -45,12 +45,7 @@ class WriterLock:
             fd = self._open()
             if fd is None:
                 return self                  # no locking on this filesystem (warned)
-            try:
-                mine, named = os.fstat(fd), os.stat(self.path)
-                same = (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
-            except FileNotFoundError:
-                same = False
-            if not same:                     # its holder removed it as we locked: again
+            if not _names(self.path, fd):    # its holder removed it as we locked: again
                 os.close(fd)
                 continue
             try:
@@ -92,8 +87,7 @@ class WriterLock:
         if self._fd is None:
             return
         try:
-            mine, named = os.fstat(self._fd), os.stat(self.path)
-            if (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino):
+            if _names(self.path, self._fd):
                 self.path.unlink()
         except OSError:
             pass
@@ -112,6 +106,15 @@ class WriterLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (False when it names none)."""
+    try:
+        mine, named = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _holder(fd: int) -> tuple[str, str]:
