@@ -206,6 +206,20 @@ def test_multi30k_literature_moses_dry_run(tmp_path):
     assert "--moses" not in plain
 
 
+def test_multi30k_literature_batch8k_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature-batch8k", "--dry-run",
+                      "--work-dir", tmp_path).stdout
+    pre, train, *tuning, gen, score, lit = commands(out)
+    # the plain recipe's data, model and tokens: two batches of 4,096 per update, 4,000 updates
+    assert "data-bin-10000 " in train + " " and "--max-tokens 4096" in train
+    assert "--update-freq 2" in train and "--max-update 4000" in train
+    assert "--save-interval-updates 100" in train and "--average-last 10" in train
+    assert len(tuning) == 16 and "checkpoints-literature-batch8k/checkpoint_avg10.pt" in gen
+    plain = commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                                 "--work-dir", tmp_path).stdout)[1]
+    assert "--update-freq" not in plain and "--max-update 8000" in plain
+
+
 def test_multi30k_literature_kd_dry_run(tmp_path):
     out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-max-update",
                       300, "--dry-run", "--work-dir", tmp_path).stdout
@@ -659,14 +673,16 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     assert f"--validpref {work}/text/valid " in preprocess
     assert "--subword none --joined-dictionary --threshold 4" in preprocess
     assert "--vocab-size" not in preprocess
-    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 12000",
+    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 6250",
                 "--max-tokens 4096", "--best-checkpoint-metric bracket-f1", "--valid-beam 4",
                 "--lr-period 750",
                 "--valid-lenpen 1.0 --valid-max-len-a 1 --valid-max-len-b 300",
                 "--validate-after-updates 1000", "--patience 10",
-                "--ensemble-best 5", "--max-time 105m", "--device cpu --threads 2",
+                "--ensemble-best 5", "--device cpu --threads 2",
                 f"> {work}/results/checkpoint.txt"]:
         assert opt in train, opt
+    # a fixed number of updates, the same model on any machine: no time cap
+    assert "--max-time" not in train
     assert "torchrun" not in train
     listing = f"{work}/checkpoints/ensemble_best5.txt"
     assert f"listed in {listing}" in p.stdout

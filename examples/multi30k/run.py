@@ -86,6 +86,7 @@ class TrainingRecipe:
     # training source, and this recipe trains on the original pairs plus those translations.
     teacher: str = ""
     max_tokens: int = 4096         # nmt-train --max-tokens
+    update_freq: int = 1           # nmt-train --update-freq (micro-batches per update)
 
 
 RECIPES = {
@@ -135,6 +136,18 @@ RECIPES["literature-lc"] = replace(RECIPES["literature"], lowercase=True, tune=W
 # al. learned 10k BPE merges on the tokenized, lowercased release): punctuation and clitics
 # become tokens of their own instead of pieces glued to words by sentencepiece.
 RECIPES["literature-lc-moses"] = replace(RECIPES["literature-lc"], moses=True)
+# The literature recipe with Wu et al.'s batch: their README trains on two GPUs
+# (CUDA_VISIBLE_DEVICES=0,1, and fairseq's --distributed-world-size defaults to every visible
+# GPU), so each of their updates summed 2 x 4,096 tokens. Here: 2 micro-batches of 4,096 per
+# update for 4,000 updates, the plain recipe's tokens (8,000 x 4,096) in half the updates; the
+# rate schedule does not depend on the length, so they are the first 4,000 of Wu et al.'s
+# 8,000, which would take 3.5-4 h on 2 CPU threads. A checkpoint every 100 updates and the
+# last 10 averaged (~15 epochs of ~60 updates; the plain recipe averages ~17 epochs of ~120).
+# Why: examples/multi30k/README.md, "Variants".
+RECIPES["literature-batch8k"] = replace(
+    RECIPES["literature"], max_update=4000, update_freq=2, tune=WIDE_TUNE,
+    extra=("--save-interval-updates", "100", "--keep-last", "12", "--average-last", "10",
+           "--valid-bleu", "--validate-interval-updates", "200"))
 # Sequence-level knowledge distillation from the recipes above: a student of the same size,
 # trained from scratch for the same updates on the 29,000 original pairs plus the 29,000
 # source sentences with the teacher's beam-search translations (its averaged model, beam and
@@ -271,6 +284,7 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", rec.max_tokens,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
             *(["--lr-scale", rec.lr_scale] if rec.lr_scale != 1.0 else []),
+            *(["--update-freq", rec.update_freq] if rec.update_freq != 1 else []),
             "--save-dir", save_dir, *rec.extra, "--device", "cpu", "--threads", threads]
 
 
