@@ -259,3 +259,25 @@ def test_bench_versions_train_mode_times_each_version_and_compares_weights(tmp_p
     bad = subprocess.run([sys.executable, "benchmarks/bench_versions.py", "--versions", repo],
                          capture_output=True, text=True, cwd=repo, timeout=60)
     assert bad.returncode == 2 and "--train DATA_DIR" in bad.stderr
+
+
+def test_check_literature_tokenization_compares_token_by_token(tmp_path):
+    raw, tok = tmp_path / "raw", tmp_path / "tok"
+    raw.mkdir(), tok.mkdir()
+    (raw / "test_2016_flickr.de").write_text('Ein Mann sagt "Hallo".\nZwei Hunde.\n',
+                                              encoding="utf-8")
+    # the release as the literature has it: lowercased, tokenized, quotes escaped; the
+    # second line differs from what nmt makes of the raw one
+    (tok / "test_2016_flickr.lc.norm.tok.de").write_text(
+        "ein mann sagt &quot; hallo &quot; .\nzwei katzen .\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/check_literature_tokenization.py"),
+                        str(raw), str(tok), "--split", "test_2016_flickr", "--lang", "de"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "| test_2016_flickr.de | 2 | 1 | 10 | 10 |" in p.stdout
+    assert "nmt:      zwei hunde ." in p.stdout and "release:  zwei katzen ." in p.stdout
+    (tok / "test_2016_flickr.lc.norm.tok.de").write_text("zwei hunde .\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/check_literature_tokenization.py"),
+                        str(raw), str(tok), "--split", "test_2016_flickr", "--lang", "de"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "has 2 lines" in p.stderr and "Traceback" not in p.stderr
