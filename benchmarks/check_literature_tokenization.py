@@ -20,13 +20,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from nmt.metrics.tok_bleu import literature_prepare
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nmt.io import read_lines  # noqa: E402
+from nmt.metrics.tok_bleu import literature_prepare  # noqa: E402
 
 
 def compare(raw: Path, tok: Path, lang: str) -> tuple[int, list, int, int]:
-    ours = [literature_prepare(x, lang, True)
-            for x in raw.read_text(encoding="utf-8").splitlines()]
-    theirs = tok.read_text(encoding="utf-8").splitlines()
+    ours = [literature_prepare(x, lang, True) for x in read_lines(raw)]
+    theirs = read_lines(tok)
     if len(ours) != len(theirs):
         sys.exit(f"error: {raw} has {len(ours)} lines, {tok} {len(theirs)}")
     differ = [(a, b) for a, b in zip(ours, theirs) if a.split() != b.split()]

@@ -97,8 +97,9 @@ RECIPES = {
                          "--average-last", "5", "--valid-bleu"), True),
     # Wu et al. 2021's text-only Transformer-tiny on nmt: 4+4 layers, d_model 128, FFN 256,
     # 4 heads, dropout 0.3, peak learning rate 0.005 after 2,000 warm-up updates (eq. 5 peaks
-    # at 128^-0.5 * 2000^-0.5 = 0.001976, x2.53), 8,000 updates of 4,096 tokens, all
-    # embeddings shared, a joined vocabulary of 10k, the last 10 checkpoints averaged.
+    # at 128^-0.5 * 2000^-0.5 = 0.001976, x2.53), 8,000 updates of 4,096 tokens (theirs: of
+    # 2 x 4,096, see literature-batch8k), all embeddings shared, a joined vocabulary of 10k,
+    # the last 10 checkpoints averaged.
     # Why: examples/multi30k/README.md, "The literature recipe".
     "literature": TrainingRecipe(
         "transformer_tiny", ("encoder_layers=4", "decoder_layers=4", "d_model=128", "d_ff=256",
@@ -141,8 +142,9 @@ RECIPES["literature-lc-moses"] = replace(RECIPES["literature-lc"], moses=True)
 # GPU), so each of their updates summed 2 x 4,096 tokens. Here: 2 micro-batches of 4,096 per
 # update for 4,000 updates, the plain recipe's tokens (8,000 x 4,096) in half the updates; the
 # rate schedule does not depend on the length, so they are the first 4,000 of Wu et al.'s
-# 8,000, which would take 3.5-4 h on 2 CPU threads. A checkpoint every 100 updates and the
-# last 10 averaged (~15 epochs of ~60 updates; the plain recipe averages ~17 epochs of ~120).
+# 8,000, which would take 3.4-3.7 h on 2 CPU threads. A checkpoint every 100 updates and the
+# last 10 averaged: ~15 epochs, the same window as the plain recipe's (10 x 200 x 4,096).
+# (Validation runs at every save; --validate-interval-updates only adds validations.)
 # Why: examples/multi30k/README.md, "Variants".
 RECIPES["literature-batch8k"] = replace(
     RECIPES["literature"], max_update=4000, update_freq=2, tune=WIDE_TUNE,

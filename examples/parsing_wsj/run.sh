@@ -19,8 +19,8 @@
 #                   as vocabulary, signatures for the others; transformer_small, dropout 0.3,
 #                   cosine learning-rate cycles of 750 updates after the warm-up,
 #                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
-#                   the test as an ensemble (alpha 1.0); 6,250 updates (about 100 minutes on 2
-#                   CPU threads). Test decoded with and without tree constraints (README: "The
+#                   the test as an ensemble (alpha 1.0); 6,250 updates (about 95 minutes on 2
+#                   CPU threads at 0.92 updates/s). Test decoded with and without tree constraints (README: "The
 #                   treebank sample on a CPU"). WORK_DIR default ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
@@ -104,8 +104,9 @@ elif [ "$sample" = 1 ]; then
   model_opts=(-o dropout=0.3 -o attention_dropout=0.2)
   # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
-  # A fixed 6,250 updates (the end of the 8th cosine cycle below), not a time cap: the same
-  # model on every machine, fast or slow (a 105-minute cap ended runs after 4,750 to 6,900).
+  # A fixed 6,250 updates (the end of the 7th cosine cycle below), not a time cap: the same
+  # model on every machine, fast or slow (a 105-minute cap ended runs after 4,750 to 6,900);
+  # about 95 minutes at 0.92 updates/s, longer on slower machines.
   # No validation before update 1000: an untrained model decodes every sentence to the length
   # limit (2-3 minutes per validation, for F1 near 0).
   # --lr-period 750: after the warm-up the learning rate runs in cosine cycles of 750 updates

@@ -151,8 +151,9 @@ class TrainConfig:
                           "later resume cannot mix the two runs; nothing is deleted.",
                           negatable=True)
     # --- validation ----------------------------------------------------------------------------
-    validate_interval_updates: int | None = option(None, "Validate every N updates [default: "
-                                                   "at every save].")
+    validate_interval_updates: int | None = option(None, "Also validate every N updates between "
+                                                   "saves (every save is validated) [default: "
+                                                   "only at saves].")
     validate_after_updates: int = option(0, "Validate only from update N on; saves before it "
                                          "are not validated (an untrained model decodes every "
                                          "sentence to the length limit, which makes early "
