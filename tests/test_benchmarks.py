@@ -270,14 +270,15 @@ def test_check_literature_tokenization_compares_token_by_token(tmp_path):
     # second line differs from what nmt makes of the raw one
     (tok / "test_2016_flickr.lc.norm.tok.de").write_text(
         "ein mann sagt &quot; hallo &quot; .\nzwei katzen .\n", encoding="utf-8")
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/check_literature_tokenization.py"),
-                        str(raw), str(tok), "--split", "test_2016_flickr", "--lang", "de"],
-                       capture_output=True, text=True, timeout=60)
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable,
+                               str(ROOT / "benchmarks/check_literature_tokenization.py"),
+                               str(raw), str(tok), "--split", "test_2016_flickr", "--lang", "de"],
+                              capture_output=True, text=True, timeout=60)
+    p = check()
     assert p.returncode == 0, p.stderr
     assert "| test_2016_flickr.de | 2 | 1 | 10 | 10 |" in p.stdout
     assert "nmt:      zwei hunde ." in p.stdout and "release:  zwei katzen ." in p.stdout
     (tok / "test_2016_flickr.lc.norm.tok.de").write_text("zwei hunde .\n", encoding="utf-8")
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/check_literature_tokenization.py"),
-                        str(raw), str(tok), "--split", "test_2016_flickr", "--lang", "de"],
-                       capture_output=True, text=True, timeout=60)
+    p = check()
     assert p.returncode == 1 and "has 2 lines" in p.stderr and "Traceback" not in p.stderr

@@ -802,6 +802,17 @@ def test_prepare_train_sentences_is_checked(tmp_path):
     assert got != (tmp_path / "all" / "test.sig").read_text(encoding="utf-8").splitlines()
 
 
+def test_parsing_run_sh_help_is_the_whole_header():
+    p = subprocess.run(["bash", str(EXAMPLES / "parsing_wsj" / "run.sh"), "--help"],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("Section 6.3 of the paper")
+    # every option, and the header's last line; no code after it
+    for opt in ("--gpus N", "--max-update N", "--sample", "--tiny", "--train-sentences N"):
+        assert opt in p.stdout, opt
+    assert p.stdout.rstrip().endswith("(training resumes from checkpoint_last.pt).")
+    assert "set -euo" not in p.stdout
+
+
 def test_parsing_run_sh_needs_a_treebank(tmp_path):
     script = str(EXAMPLES / "parsing_wsj" / "run.sh")
     p = subprocess.run(["bash", script], capture_output=True, text=True, env=ENV, timeout=60)

@@ -20,8 +20,9 @@
 #                   cosine learning-rate cycles of 750 updates after the warm-up,
 #                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
 #                   the test as an ensemble (alpha 1.0); 6,250 updates (about 95 minutes on 2
-#                   CPU threads at 0.92 updates/s). Test decoded with and without tree constraints (README: "The
-#                   treebank sample on a CPU"). WORK_DIR default ./parsing_wsj_sample
+#                   CPU threads at 0.92 updates/s). Test decoded with and without tree
+#                   constraints (README: "The treebank sample on a CPU"). WORK_DIR default
+#                   ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
 #   --train-sentences N  train on the first N training sentences only (a learning curve:
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
     --tiny) tiny=1; shift ;;
     --sample) sample=1; shift ;;
     --train-sentences) train_sentences="${2:?--train-sentences needs a number}"; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     -*) echo "run.sh: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
   esac
