@@ -183,6 +183,26 @@ def test_print_alignment(ckpt, tmp_path):
     (["--sampling", "--temperature", "0"], "--temperature must be > 0"),
     (["--reference", "x"], "--reference goes with --score-reference"),
     (["--align-layer", "1"], "--align-layer goes with --print-alignment"),
+    # values past which the search's arithmetic overflows: refused, not an internal error
+    (["--lenpen", "400"], "lenpen must be between 0 and 10, got 400.0"),
+    (["--lenpen", "nan"], "lenpen must be between 0 and 10, got nan"),
+    (["--unkpen", "-1000"], "unkpen must be >= -50"),
+    (["--max-len-b", "9" * 30], "max-len-b between 0 and 2147483647"),
+    (["--max-len-a", "inf"], "max-len-a must be a finite number >= 0"),
 ])
 def test_bad_options(ckpt, args, needle):
     one_line_error(gen(ckpt, *args, stdin="w1\n", ok=False), needle)
+
+
+def test_a_huge_length_limit_is_the_decoders_own_limit(ckpt):
+    """max_len_a * length + b past int64 is clamped as a float, not cast into garbage (it
+    had become a limit of 0: empty translations)."""
+    import torch
+
+    from nmt.search.config import SearchConfig
+    from nmt.search.generator import max_lengths
+
+    cfg = SearchConfig(beam=1, lenpen=0.0, max_len_a=1e300, max_len_b=5)
+    assert max_lengths(torch.tensor([3, 0]), cfg, 64).tolist() == [63, 5]
+    assert max_lengths(torch.tensor([2]), SearchConfig(beam=1, lenpen=0.0, max_len_a=1.5,
+                                                       max_len_b=2), None).tolist() == [5]

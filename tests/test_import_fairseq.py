@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from nmt.cli.generate import main as generate_main
 from nmt.cli.import_ import main as import_main
+from nmt.errors import NmtError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fairseq"
 NAMES = ("postnorm_shared", "prenorm_tied", "learned_untied")
@@ -162,9 +163,12 @@ def test_edited_but_supported_args_still_import(tmp_path):
 
 
 def old_style(state: dict) -> dict:
-    """fairseq <= 0.6's names for the same weights: one in_proj per attention, the encoder's
-    layer_norms.0/1, no BetterTransformer copies."""
-    out = {}
+    """fairseq <= 0.6's names for the same weights: one in_proj per attention, numbered norms
+    (the encoder's layer_norms.0/1, the decoder's layer_norms.0/1/2), the sinusoid table
+    cached as embed_positions.weights, no BetterTransformer copies."""
+    norms = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
+             "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}
+    out = {f"{side}.embed_positions.weights": torch.randn(16, 8) for side in norms}
     for key, value in state.items():
         parts = key.split(".")
         if parts[0] == "encoder" and len(parts) == 4 and parts[1] == "layers":
@@ -176,8 +180,8 @@ def old_style(state: dict) -> dict:
             out[f"{stem}.in_proj_{parts[-1]}"] = torch.cat(
                 [state[f"{stem}.{c}_proj.{parts[-1]}"] for c in "qkv"])
             continue
-        if parts[0] == "encoder" and parts[-2] in ("self_attn_layer_norm", "final_layer_norm"):
-            n = 0 if parts[-2] == "self_attn_layer_norm" else 1
+        if parts[1] == "layers" and parts[-2] in norms[parts[0]]:
+            n = norms[parts[0]].index(parts[-2])
             key = ".".join(parts[:-2] + [f"layer_norms.{n}", parts[-1]])
         out[key] = value
     return out
@@ -276,3 +280,30 @@ def test_arguments_without_sizes_are_refused(tmp_path):
     r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
                            + ["-o", str(tmp_path / "m.pt")])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "encoder_layers" in r.stderr
+
+
+def test_one_language_given_overrides_only_that_side(tmp_path):
+    """-s alone (or -t alone) replaces that side of the pair the checkpoint or the data
+    folder names; the other side still comes from there."""
+    from nmt.importers.fairseq import language_pair
+
+    ckpt_args = {"source_lang": "en", "target_lang": "de"}
+    assert language_pair(ckpt_args, tmp_path, "fr", None, None) == ("fr", "de")
+    assert language_pair(ckpt_args, tmp_path, None, "cs", None) == ("en", "cs")
+    (tmp_path / "train.ro-en.ro.bin").write_bytes(b"")
+    assert language_pair({}, tmp_path, None, "xx", None) == ("ro", "xx")
+    assert language_pair({}, tmp_path / "none", "en", None, "en-fr") == ("en", "fr")
+    with pytest.raises(NmtError, match="give --source-lang and --target-lang"):
+        language_pair({}, tmp_path / "none", "en", None, None)
+
+
+def test_overwrite_lines_that_repeat_a_symbol_are_refused_by_name(tmp_path):
+    """fairseq's '#fairseq:overwrite' gives a word a second row; nmt says that is why."""
+    from nmt.importers.fairseq import load_dictionary
+
+    path = tmp_path / "dict.en.txt"
+    path.write_text("hello 5\nworld 3\nhello 1 #fairseq:overwrite\n", encoding="utf-8")
+    with pytest.raises(NmtError, match="1 '#fairseq:overwrite' lines"):
+        load_dictionary(path)
+    path.write_text("hello 5\nworld 3 #fairseq:overwrite\n", encoding="utf-8")
+    assert len(load_dictionary(path)) == 6      # an overwrite of nothing is an ordinary row

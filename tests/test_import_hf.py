@@ -387,3 +387,96 @@ def test_hf_extra_test_dependency_and_console_script_in_setup(monkeypatch):
     assert any(r.startswith("transformers") for r in extras["hf"])
     assert any(r.startswith("transformers") for r in extras["test"])
     assert "nmt-import=nmt.cli.import_:main" in seen["entry_points"]["console_scripts"]
+
+
+@pytest.mark.parametrize("layout,offset", [("marian", 0), ("interleaved", 0), ("fairseq", 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_sinusoid_table_is_recognised(layout, offset, dtype):
+    """Tables saved in float16/bfloat16 (a model saved in half precision) are the computed
+    ones rounded: recognised as the same layout and offset as in float32."""
+    from nmt.importers.hf_positions import recognise_sinusoid
+    from nmt.models.layers import sinusoid_table
+
+    table = sinusoid_table(128, 32, offset, layout)
+    assert recognise_sinusoid(table) == (layout, offset)
+    assert recognise_sinusoid(table.to(dtype)) == (layout, offset)
+    assert recognise_sinusoid(table.roll(1, dims=1).to(dtype)) is None
+
+
+def copy_marian(marian, d: Path) -> Path:
+    d.mkdir()
+    for f in os.listdir(marian[0]):
+        (d / f).write_bytes((marian[0] / f).read_bytes())
+    return d
+
+
+def test_half_precision_weights_import_as_the_float32_ones(marian, imported, tmp_path):
+    """The same model saved in float16, position tables included: the import is the float32
+    one's, up to float16's rounding of the weights."""
+    from safetensors.torch import load_file, save_file
+
+    from nmt.models.layers import sinusoid_table
+
+    d = copy_marian(marian, tmp_path / "half")
+    w = load_file(str(d / "model.safetensors"))
+    config = json.loads((d / "config.json").read_text())
+    table = sinusoid_table(config["max_position_embeddings"], config["d_model"], 0, "marian")
+    w = {k: v.half() for k, v in w.items()}
+    for side in ("encoder", "decoder"):
+        w[f"model.{side}.embed_positions.weight"] = table.half()
+    save_file(w, str(d / "model.safetensors"))
+    cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "half.pt")
+    a, b = load_checkpoint(imported), load_checkpoint(tmp_path / "half.pt")
+    assert a["model_config"] == b["model_config"]
+    assert all(torch.equal(a["model"][k].half().float(), b["model"][k]) for k in a["model"])
+
+
+def test_vocabulary_sizes_that_disagree_are_refused_in_one_line(marian, tmp_path):
+    """vocab.json naming an id past the embedding's rows (it would index outside it) and
+    config.json's vocab_size differing from the weights' rows are refused by number."""
+    from click.testing import CliRunner
+
+    from nmt.cli.import_ import main
+
+    d = copy_marian(marian, tmp_path / "extra")
+    vocab = json.loads((d / "vocab.json").read_text())
+    rows = len(vocab)
+    (d / "vocab.json").write_text(json.dumps({**vocab, "extra_piece": rows}))
+    r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(tmp_path / "x.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert f"vocab.json has {rows + 1} pieces, but the model has {rows} vocabulary rows" \
+        in r.stderr
+
+    d = copy_marian(marian, tmp_path / "declared")
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "vocab_size": rows + 3,
+                                               "decoder_vocab_size": rows + 3}))
+    r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(tmp_path / "x.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "vocabulary sizes disagree" in r.stderr and f"vocab_size {rows + 3}" in r.stderr
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("gen,named", [({"num_beams": "four"}, "num_beams='four'"),
+                                       ({"length_penalty": [1]}, "length_penalty=[1]"),
+                                       ({"max_length": 12.5}, "max_length=12.5")])
+def test_badly_typed_generation_settings_are_refused_in_one_line(marian, tmp_path, gen, named):
+    from click.testing import CliRunner
+
+    from nmt.cli.import_ import main
+
+    d = copy_marian(marian, tmp_path / "gen")
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(tmp_path / "x.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert named in r.stderr and "cannot import" in r.stderr
+
+
+def test_null_generation_settings_are_transformers_defaults(marian, tmp_path):
+    """{"max_length": null, "num_beams": null}: transformers' defaults (20, 1), as absent."""
+    d = copy_marian(marian, tmp_path / "nulls")
+    (d / "generation_config.json").write_text(json.dumps({"max_length": None,
+                                                          "num_beams": None}))
+    cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "m.pt")
+    cfg = load_checkpoint(tmp_path / "m.pt")["model_config"]
+    assert (cfg["beam"], cfg["max_len_a"], cfg["max_len_b"]) == (1, 0.0, 18)

@@ -228,7 +228,15 @@ BAD = [  # (body, status, words the reason must contain)
     (b'{"text": ["w1"], "beam": 7}', 400, "larger than this server allows (6"),
     (b'{"text": ["w1"], "beam": "4"}', 400, "\"beam\" must be an integer, got a string"),
     (b'{"text": ["w1"], "beam": true}', 400, "\"beam\" must be an integer"),
-    (b'{"text": ["w1"], "lenpen": -1}', 400, "lenpen must be >= 0"),
+    (b'{"text": ["w1"], "lenpen": -1}', 400, "lenpen must be between 0 and 10"),
+    (b'{"text": ["w1"], "lenpen": 400}', 400, "lenpen must be between 0 and 10"),
+    (b'{"text": ["w1"], "unkpen": -1000}', 400, "unkpen must be >= -50"),
+    (b'{"text": ["w1"], "max_len_a": 1e308}', 400, "more than 2048 output tokens"),
+    (b'{"text": ["w1"], "max_len_b": 1' + b"0" * 400 + b'}', 400,
+     "max_len_b between 0 and 2147483647"),
+    (b'{"text": ' + b"[" * 1500 + b"]" * 1500 + b"}", 400, "nested too deeply"),
+    (b'{"text": ["w1"], "model": "\\ud800"}', 400, "a lone surrogate (\\ud800)"),
+    (b'{"text": ["w1 \\udfff w2"]}', 400, "a lone surrogate (\\udfff)"),
     (b'{"text": ["w1"], "max_len_b": 2.5}', 400, "\"max_len_b\" must be an integer"),
     (b'{"text": ["w1"], "max_len_b": 100000}', 400, "more than 2048 output tokens"),
     (b'{"text": ["w1"], "min_len": -1}', 400, "min_len must be >= 0"),
@@ -277,6 +285,18 @@ def test_size_limit_without_a_declared_length_wrong_method_and_path(server):
     assert get(server.url + "/ready") == (200, {"status": "ready", "models": ["tiny"]})
     # after all of that, the server still translates
     assert translate(server.url, text=["w1 w2"]) == translate(server.url, text=["w1 w2"])
+
+
+def test_a_405_names_the_allowed_method(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/translate")
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 405 and r.getheader("allow") == "POST"
+    finally:
+        conn.close()
 
 
 def test_two_models_by_name_and_stem(ckpt, tmp_path):
@@ -398,3 +418,52 @@ def test_load_test_quick_mode_reports_every_level_against_offline(tmp_path):
         assert row["sentences"] > 0 and row["mismatches"] == 0 and not row["failures"]
         assert row["sentences_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
     assert "| 4 |" in r.stdout
+
+
+def test_a_request_that_fails_does_not_fail_the_others_in_its_batch(ckpt):
+    """Requests with equal options share batches; when a batch fails, each request in it is
+    decoded again alone, so only the one that fails alone gets the error, and the failed
+    request's sentences still waiting are not decoded."""
+    from nmt.search.config import BatchConfig
+    from nmt.search.translator import Translator
+    from nmt.serve.batching import Batcher
+
+    seen = []
+
+    class Failing(Translator):              # fails any batch holding the sentence "w9 w9"
+        def translate_ids(self, ids, sources=None, **kw):
+            seen.append(list(sources))
+            if "w9 w9" in sources:
+                raise RuntimeError("this sentence cannot be decoded")
+            return super().translate_ids(ids, sources=sources, **kw)
+
+    translator = Translator.from_checkpoint(ckpt, batch=BatchConfig(max_tokens=1000))
+    good = ["w1 w2", "w3", "w4 w5 w6"]
+    want = translator.translate(good)
+    translator.__class__ = Failing
+    # widest source 3 subwords + eos: 10 sentences fill a batch of 40 tokens
+    batcher = Batcher(translator, "tiny", max_tokens=40, max_wait=0.5).start()
+    try:
+        encode = translator.src_codec.encode_batch
+        bad_lines = ["w9 w9"] + ["w7"] * 20
+        ok = batcher.submit(translator.search, encode(good), good)
+        bad = batcher.submit(translator.search, encode(bad_lines), bad_lines)
+        assert [r.text for r in ok.result(60)] == want
+        with pytest.raises(RuntimeError, match="cannot be decoded"):
+            bad.result(60)
+    finally:
+        batcher.stop()
+    # the shared batch, then each request alone; the 14 sentences of the failed request
+    # that did not fit in the first batch are never decoded
+    assert seen == [good + bad_lines[:7], good, bad_lines[:7]], seen
+
+
+def test_a_response_with_text_utf8_cannot_hold_still_renders():
+    """A lone surrogate that reached a response (echoed, or copied into a translation) is
+    written as a JSON escape, not turned into a plain-text 500."""
+    from nmt.serve.app import Json, error
+
+    assert json.loads(Json({"translations": ["a \ud800 b"]}).body) == \
+        {"translations": ["a \ud800 b"]}
+    assert Json({"x": "Straße"}).body == '{"x":"Straße"}'.encode()       # UTF-8 when it can
+    assert json.loads(error(404, "unknown model \udfff").body) == {"error": "unknown model \udfff"}

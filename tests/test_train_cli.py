@@ -123,5 +123,5 @@ def test_a_bad_validation_search_option_stops_before_training(data_dir, tmp_path
                           "--max-tokens", "100", "--valid-bleu", "--valid-lenpen", "-1",
                           "--save-dir", str(save)])
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == ["nmt-train: error: lenpen must be >= 0, got -1.0"]
+    assert err.strip().splitlines() == ["nmt-train: error: lenpen must be between 0 and 10, got -1.0"]
     assert not save.exists()

@@ -72,22 +72,27 @@ def load_dictionary(path: Path) -> Dictionary:
     implicit specials (<s>, <pad>, </s>, <unk>), madeupword padding included, as nmt's
     Dictionary (its specials first, then the same symbols in the same order)."""
     p = check_readable(path, "fairseq dictionary", expected="a dict.LANG.txt file")
-    symbols, counts = [], []
+    symbols, counts, overwrites = [], [], 0
     for lineno, line in enumerate(iter_lines(p), 1):
         line = line.rstrip()
         body, _, field = line.rpartition(" ")
         if field == "#fairseq:overwrite":
             body, _, field = body.rpartition(" ")
+            overwrites += 1
         if not body or not field.lstrip("-").isdigit():
             raise NmtError(f"{p}: line {lineno}: expected 'symbol count', got {line[:60]!r}")
         symbols.append(body)
         counts.append(max(0, int(field)))
+    # '#fairseq:overwrite' gives a symbol a second row (fairseq encodes it with the last one);
+    # nmt's dictionaries have one row per symbol, so such a file cannot be mapped row for row.
+    why = (f" ({overwrites} '#fairseq:overwrite' lines: a symbol with two rows, which nmt's "
+           f"dictionaries cannot hold)" if overwrites else "")
     try:
         d, _ = nmt_dictionary(list(FAIRSEQ_SPECIALS) + symbols, NMT_FROM_FAIRSEQ)
     except NmtError as e:
-        raise NmtError(f"{p}: {e}") from None
+        raise NmtError(f"{p}: {e}{why}") from None
     if len(d) != len(symbols) + 4:
-        raise NmtError(f"{p}: repeats a symbol: not a dictionary nmt can map row for row")
+        raise NmtError(f"{p}: repeats a symbol: not a dictionary nmt can map row for row{why}")
     d.set_counts(d.counts[:4] + counts)
     return d
 
@@ -137,19 +142,24 @@ def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *
 
 def language_pair(args: Mapping[str, Any], data: Path, source_lang: str | None,
                   target_lang: str | None, moses: str | None) -> tuple[str, str]:
-    """The LANGs of DATA/dict.LANG.txt: given, else the checkpoint's (fairseq-train -s/-t),
-    else what fairseq infers from DATA's file names (train.SRC-TGT.*), else --moses's pair."""
-    if source_lang and target_lang:
-        return source_lang, target_lang
-    if args.get("source_lang") and args.get("target_lang"):
-        return args["source_lang"], args["target_lang"]
+    """The LANGs of DATA/dict.LANG.txt: each side given, else the checkpoint's (fairseq-train
+    -s/-t), else what fairseq infers from DATA's file names (train.SRC-TGT.*), else --moses's
+    pair."""
+    given = (source_lang or None, target_lang or None)
+    if all(given):
+        return given
     pairs = {p.name.split(".")[1] for p in data.glob("train.*-*.*")} if data.is_dir() else set()
-    if len(pairs) == 1:
-        return tuple(pairs.pop().split("-", 1))
-    if moses is not None:
-        return _moses_pair(moses)
-    raise NmtError(f"the checkpoint names no language pair and {data} does not show it: give "
-                   f"--source-lang and --target-lang (the LANG of {data}/dict.LANG.txt)")
+    if args.get("source_lang") and args.get("target_lang"):
+        known = (args["source_lang"], args["target_lang"])
+    elif len(pairs) == 1:
+        known = tuple(pairs.pop().split("-", 1))
+    elif moses is not None:
+        known = _moses_pair(moses)
+    else:
+        raise NmtError(f"the checkpoint names no language pair and {data} does not show it: "
+                       f"give --source-lang and --target-lang (the LANG of "
+                       f"{data}/dict.LANG.txt)")
+    return given[0] or known[0], given[1] or known[1]
 
 
 def _moses_pair(moses: str | None) -> tuple[str | None, str | None]:

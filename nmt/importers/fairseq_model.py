@@ -151,7 +151,9 @@ class _Source:
 
 def _ignorable(key: str) -> bool:
     parts = key.split(".")
-    return (parts[-1] in ("version", "_float_tensor")
+    # embed_positions.weights: the cached sinusoid table of old checkpoints, which fairseq
+    # itself drops on load (learned positions are embed_positions.weight).
+    return (parts[-1] in ("version", "_float_tensor") or parts[-2:] == ["embed_positions", "weights"]
             or (parts[0] == "encoder" and len(parts) == 4 and parts[1] == "layers"
                 and parts[3] in BT_COPIES))
 
@@ -221,10 +223,12 @@ def layer_weight(src: _Source, key: str) -> torch.Tensor:
         "cross_attn.out_proj": lambda: src(f"{p}.encoder_attn.out_proj.{param}"),
         "ffn.fc1": lambda: src(f"{p}.fc1.{param}"),
         "ffn.fc2": lambda: src(f"{p}.fc2.{param}"),
+        # Old checkpoints number a layer's norms (fairseq's upgrade_state_dict_named): the
+        # encoder's layer_norms.0/1, the decoder's layer_norms.0/1/2, in sublayer order.
         "res1.norm": lambda: _norm(src, f"{p}.self_attn_layer_norm", f"{p}.layer_norms.0")(param),
-        "res2.norm": (lambda: _norm(src, f"{p}.final_layer_norm", f"{p}.layer_norms.1")(param))
-        if enc else (lambda: src(f"{p}.encoder_attn_layer_norm.{param}")),
-        "res3.norm": lambda: src(f"{p}.final_layer_norm.{param}"),
+        "res2.norm": lambda: _norm(src, f"{p}.final_layer_norm" if enc else
+                                   f"{p}.encoder_attn_layer_norm", f"{p}.layer_norms.1")(param),
+        "res3.norm": lambda: _norm(src, f"{p}.final_layer_norm", f"{p}.layer_norms.2")(param),
     }
     if module not in table:
         raise NmtError(f"no fairseq weight for nmt's {key}")

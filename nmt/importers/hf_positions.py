@@ -59,15 +59,23 @@ def export_positions(model) -> dict[str, torch.Tensor]:
 
 
 def recognise_sinusoid(table: torch.Tensor) -> tuple[str, int] | None:
-    """(layout, offset) whose computed table is ``table`` [rows, dim] within ATOL, else None."""
+    """(layout, offset) whose computed table is ``table`` [rows, dim] within ATOL, else None.
+    A table stored in half precision (float16, bfloat16) is compared with the computed one
+    rounded to that precision, within one step of it."""
     rows, dim = table.shape
+    stored = table.dtype
+    low = stored in (torch.float16, torch.bfloat16)
+    atol = max(ATOL, torch.finfo(stored).eps) if low else ATOL
+    table = table.float()
     for layout in SINUSOID_LAYOUTS:
         # Row k of the table from position 0 is bit for bit the first row of the table from
         # offset k (the same positions through the same operations).
         full = sinusoid_table(rows + MAX_OFFSET, dim, 0, layout)
+        if low:
+            full = full.to(stored).float()
         first = (full[:MAX_OFFSET + 1] - table[0]).abs().amax(dim=1)
-        for offset in torch.nonzero(first <= ATOL).flatten().tolist():
-            if torch.allclose(full[offset:offset + rows], table, rtol=0, atol=ATOL):
+        for offset in torch.nonzero(first <= atol).flatten().tolist():
+            if torch.allclose(full[offset:offset + rows], table, rtol=0, atol=atol):
                 return layout, offset
     return None
 
@@ -94,7 +102,7 @@ def import_positions(w: dict[str, torch.Tensor], d_model: int, max_positions: in
             raise NmtError(f"{name}: cannot import: learned positions need both "
                            f"{KEYS['src_pos']} and {KEYS['tgt_pos']}")
         return ({"positional": "learned", "position_offset": 0},
-                {f"{mod}.weight": t.contiguous() for mod, t in tables.items()})
+                {f"{mod}.weight": t.float().contiguous() for mod, t in tables.items()})
     found = set()
     for mod, t in tables.items():
         layout = recognise_sinusoid(t)

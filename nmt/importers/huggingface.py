@@ -47,7 +47,7 @@ from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors,
                                   load_torch_weights, nmt_dictionary, permute_rows, read_json)
-from nmt.importers.hf_positions import import_positions
+from nmt.importers.hf_positions import KEYS as POSITION_KEYS, import_positions
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.import")
@@ -91,6 +91,7 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     cfg = marian_config(config, {**_generation_keys(config), **gen}, specials, str(d))
     dictionary, order = nmt_dictionary(symbols, specials)
     weights = _read_weights(d)
+    _check_vocab_sizes(len(symbols), config, weights, d)
     changes, positions = import_positions(weights, cfg.d_model, cfg.max_positions, config,
                                           str(d))
     cfg = _replace(cfg, **changes)
@@ -175,8 +176,39 @@ def _read_weights(d: Path) -> dict[str, torch.Tensor]:
     else:
         raise NmtError(f"{d}: no weights (model.safetensors or pytorch_model.bin)")
     # Saved from MarianModel rather than MarianMTModel: the same names without "model.".
-    return {(k if k.startswith("model.") or k in ("lm_head.weight", "final_logits_bias")
-             else f"model.{k}"): v.float() for k, v in weights.items()}
+    # Position tables keep their stored precision: a half-precision sinusoid table is
+    # recognised against the computed one rounded alike (nmt.importers.hf_positions).
+    named = {(k if k.startswith("model.") or k in ("lm_head.weight", "final_logits_bias")
+              else f"model.{k}"): v for k, v in weights.items()}
+    return {k: v if k in POSITION_KEYS.values() else v.float() for k, v in named.items()}
+
+
+VOCAB_ROWS = ("model.shared.weight", "model.encoder.embed_tokens.weight",
+              "model.decoder.embed_tokens.weight", "lm_head.weight", "final_logits_bias")
+
+
+def _check_vocab_sizes(pieces: int, config: dict, w: dict[str, torch.Tensor], d: Path) -> None:
+    """config.json's vocab_size and the rows of every vocabulary-sized weight must agree (as
+    transformers loads no model whose weights disagree with its configuration), and vocab.json
+    must name no id past them. A vocab.json with fewer pieces than rows is imported without
+    the extra rows, which no text can reach (the tokenizer neither makes nor reads their ids)."""
+    sizes = {k: int(w[k].shape[-1] if k == "final_logits_bias" else w[k].shape[0])
+             for k in VOCAB_ROWS if k in w and w[k].dim() > 0}
+    declared = config.get("vocab_size")
+    if isinstance(declared, int) and not isinstance(declared, bool):
+        sizes["config.json's vocab_size"] = declared
+    if len(set(sizes.values())) > 1:
+        raise NmtError(f"{d}: cannot import: the vocabulary sizes disagree ("
+                       + ", ".join(f"{k} {v}" for k, v in sizes.items()) + ")")
+    rows = next(iter(sizes.values()), None)
+    if rows is None:
+        return
+    if pieces > rows:
+        raise NmtError(f"{d}: cannot import: vocab.json has {pieces} pieces, but the model "
+                       f"has {rows} vocabulary rows")
+    if pieces < rows:
+        log.warning("%s: vocab.json names %d of the model's %d vocabulary rows; the other %d "
+                    "are left out", d, pieces, rows, rows - pieces)
 
 
 def _replace(cfg: ModelConfig, **changes: Any) -> ModelConfig:
@@ -248,10 +280,20 @@ def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[st
     if early not in (True, False):
         raise NmtError(f"{name}: cannot import: early_stopping={early!r} (nmt follows "
                        f"transformers' beam search with early_stopping true or false)")
+    def setting(key: str, default, integer: bool):
+        """A generation setting: null or absent is transformers' default."""
+        v = gen.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)):
+            raise NmtError(f"{name}: cannot import: the generation setting {key}={v!r} is not "
+                           f"{'an integer' if integer else 'a number'}")
+        return v
+
     if gen.get("max_new_tokens") is not None:
-        max_len_b = int(gen["max_new_tokens"]) - 1
+        max_len_b = setting("max_new_tokens", 0, True) - 1
     else:
-        max_len_b = int(gen.get("max_length", 20)) - 2
+        max_len_b = setting("max_length", 20, True) - 2
     ignored = [f"{k}={gen[k]!r}" for k, neutral in NEUTRAL_GENERATION.items()
                if gen.get(k) not in (None, neutral)]
     banned = {specials[PAD]} | ({specials[BOS]} if BOS in specials else set())
@@ -264,8 +306,8 @@ def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[st
     if ignored:
         log.warning("%s: generation settings nmt-generate does not apply: %s", name,
                     "; ".join(ignored))
-    return {"beam": max(1, int(gen.get("num_beams", 1))),
-            "lenpen": float(gen.get("length_penalty", 1.0)),
+    return {"beam": max(1, setting("num_beams", 1, True)),
+            "lenpen": float(setting("length_penalty", 1.0, False)),
             "lenpen_formula": "fairseq" if early else "hf",
             "max_len_a": 0.0, "max_len_b": max(0, max_len_b)}
 

@@ -11,10 +11,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from nmt.config import CHOICES, ModelConfig
 from nmt.errors import UsageError
+
+
+# Beyond these the arithmetic of a search overflows: the length penalty ((5 + |Y|) / 6) ** alpha
+# or |Y| ** alpha passes float32's range near alpha 13 for 1,024-token outputs, and an <unk>
+# boost of exp(-unkpen) passes float64's at unkpen -710. Nobody decodes near them on purpose
+# (alpha is 0.6-2, unkpen a few nats), so a value past them is refused, not silently broken.
+LENPEN_MAX = 10.0
+UNKPEN_MIN = -50.0
+MAX_LEN_B_MAX = 2 ** 31 - 1
 
 
 @dataclass(frozen=True)
@@ -48,8 +58,11 @@ class SearchConfig:
             raise UsageError(f"nbest must be between 1 and the beam size "
                              f"({'the preset' if self.beam is None else self.beam}), "
                              f"got {self.nbest}")
-        if self.lenpen is not None and self.lenpen < 0:
-            raise UsageError(f"lenpen must be >= 0, got {self.lenpen}")
+        if self.lenpen is not None and not 0 <= self.lenpen <= LENPEN_MAX:
+            raise UsageError(f"lenpen must be between 0 and {LENPEN_MAX:g}, got {self.lenpen}")
+        if not (UNKPEN_MIN <= self.unkpen or self.unkpen == math.inf):
+            raise UsageError(f"unkpen must be >= {UNKPEN_MIN:g} (a boost of <unk> by more "
+                             f"than e^{-UNKPEN_MIN:g}), got {self.unkpen}")
         formulas = CHOICES["lenpen_formula"]
         if self.lenpen_formula is not None and self.lenpen_formula not in formulas:
             raise UsageError(f"unknown length penalty formula '{self.lenpen_formula}' "
@@ -64,12 +77,13 @@ class SearchConfig:
                 and self.beam % self.diverse_beam_groups:
             raise UsageError(f"diverse-beam-groups {self.diverse_beam_groups} must divide the "
                              f"beam size {self.beam}")
-        if self.diverse_beam_strength < 0:
+        if not self.diverse_beam_strength >= 0:
             raise UsageError(f"diverse-beam-strength must be >= 0, got "
                              f"{self.diverse_beam_strength}")
-        if (self.max_len_a or 0) < 0 or (self.max_len_b or 0) < 0:
-            raise UsageError(f"max-len-a and max-len-b must be >= 0, got "
-                             f"{self.max_len_a} and {self.max_len_b}")
+        a, b = self.max_len_a or 0, self.max_len_b or 0
+        if not (0 <= a < math.inf and 0 <= b <= MAX_LEN_B_MAX):
+            raise UsageError(f"max-len-a must be a finite number >= 0 and max-len-b between 0 "
+                             f"and {MAX_LEN_B_MAX}, got {self.max_len_a} and {self.max_len_b}")
 
     @property
     def formula(self) -> str:

@@ -51,7 +51,7 @@ from torch import Tensor
 
 from nmt.errors import UsageError
 from nmt.search.beam import beam_candidates, diverse_candidates, split_candidates
-from nmt.search.config import SearchConfig  # noqa: F401 (re-exported: it lives with the options)
+from nmt.search.config import MAX_LEN_B_MAX, SearchConfig  # noqa: F401 (SearchConfig re-exported)
 from nmt.search.controls import DecodingControls, combine
 from nmt.search.length_penalty import best_possible_score, length_penalty
 
@@ -75,10 +75,9 @@ def max_lengths(src_lengths: Tensor, cfg: SearchConfig, max_positions: int | Non
 
     The decoder reads bos + max_len tokens (positions 0 .. max_len) to predict the forced eos.
     """
-    out = torch.floor(cfg.max_len_a * src_lengths.double() + cfg.max_len_b).long().clamp(min=0)
-    if max_positions is not None:
-        out = out.clamp(max=max_positions - 1)
-    return out
+    top = float(MAX_LEN_B_MAX if max_positions is None else max_positions - 1)
+    # clamped while still a float: a huge a * len + b would not survive the cast to int64
+    return torch.floor(cfg.max_len_a * src_lengths.double() + cfg.max_len_b).clamp(0, top).long()
 
 
 @torch.inference_mode()

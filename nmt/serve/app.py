@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from typing import Callable
+from typing import Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -34,8 +35,21 @@ from nmt.serve.requests import RequestError, encode, parse_json, parse_request
 log = logging.getLogger("nmt.serve")
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": " ".join(message.split())}, status_code=status)
+class Json(JSONResponse):
+    """A JSON response that always renders: text that cannot be UTF-8 (a lone surrogate from
+    the request, echoed in an error or copied into a translation) is written as a \\u escape,
+    which JSON allows, instead of failing the response."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False,
+                              separators=(",", ":")).encode("ascii")
+
+
+def error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return Json({"error": " ".join(message.split())}, status_code=status, headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -59,16 +73,19 @@ def create_app(models: Models, cfg: ServeConfig,
     cannot be, ``on_load_failure()`` is called, e.g. to stop the server)."""
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        return Json({"status": "ok"})
 
     async def ready(request: Request) -> JSONResponse:
         if models.ready.is_set():
-            return JSONResponse({"status": "ready", "models": models.names})
-        return JSONResponse({"status": "loading" if models.error is None else "failed",
-                             "models": models.names}, status_code=503)
+            return Json({"status": "ready", "models": models.names})
+        return Json({"status": "loading" if models.error is None else "failed",
+                     "models": models.names}, status_code=503)
 
     async def translate(request: Request) -> JSONResponse:
         try:
+            if models.error is not None:
+                raise RequestError(503, "the models could not be loaded; the server is "
+                                        "stopping (its log says why)")
             if not models.ready.is_set():
                 raise RequestError(503, "the models are still loading; GET /ready says when "
                                         "they are loaded")
@@ -78,6 +95,7 @@ def create_app(models: Models, cfg: ServeConfig,
             future = req.model.batcher.submit(req.search, ids, req.texts, prefixes,
                                               constraints)
             results = await asyncio.wrap_future(future)
+            return Json({"translations": [r.text for r in results]})
         except RequestError as e:
             return error(e.status, str(e))
         except Stopping as e:
@@ -85,13 +103,14 @@ def create_app(models: Models, cfg: ServeConfig,
         except Exception as e:  # noqa: BLE001 - one JSON line for the client, not a traceback
             log.error("POST /translate failed: %s: %s", type(e).__name__, e)
             return error(500, f"internal error: {type(e).__name__}: {e}")
-        return JSONResponse({"translations": [r.text for r in results]})
 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         reason = {404: f"no such path {request.url.path} (try POST /translate, GET /health, "
                        f"GET /ready)",
                   405: f"{request.method} is not allowed on {request.url.path}"}
-        return error(exc.status_code, reason.get(exc.status_code, str(exc.detail)))
+        # (a 405 keeps the Allow header HTTP requires with it)
+        return error(exc.status_code, reason.get(exc.status_code, str(exc.detail)),
+                     headers=getattr(exc, "headers", None))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -110,4 +129,4 @@ def create_app(models: Models, cfg: ServeConfig,
                      exception_handlers={HTTPException: http_error}, lifespan=lifespan)
 
 
-__all__ = ["create_app", "read_body", "error"]
+__all__ = ["create_app", "read_body", "error", "Json"]

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -109,7 +109,13 @@ class Batcher:
             items = self._next_batch()
             if items is None:
                 return
-            self._decode(items)
+            try:
+                self._decode(items)
+            except BaseException as e:  # noqa: BLE001 - the thread must outlive any one batch
+                log.error("model '%s': a batch ended in an error outside decoding: %s: %s",
+                          self.name, type(e).__name__, e)
+                for job in {id(it.job): it.job for it in items}.values():
+                    _settle(job.future, error=e)
 
     def _next_batch(self) -> list[_Item] | None:
         """The next batch to decode (waiting for it to fill or time out); None when stopped
@@ -146,6 +152,10 @@ class Batcher:
         return chosen, width * len(chosen) >= self.max_tokens
 
     def _decode(self, items: list[_Item]) -> None:
+        # the sentences of a request that failed in an earlier batch are not decoded
+        items = [it for it in items if not it.job.future.done()]
+        if not items:
+            return
         start = time.perf_counter()
         translator = copy.copy(self.translator)      # shares the models; only .search differs
         translator.search = items[0].job.search
@@ -157,21 +167,38 @@ class Batcher:
                                                sources=[it.job.sources[it.index] for it in items],
                                                prefixes=prefixes, constraints=constraints)
         except Exception as e:  # noqa: BLE001 - the requests get the error, the worker goes on
-            log.error("model '%s': a batch of %d sentences failed: %s: %s", self.name,
-                      len(items), type(e).__name__, " ".join(str(e).split()))
-            for job in {id(it.job): it.job for it in items}.values():
-                if not job.future.done():
-                    job.future.set_exception(e)
+            jobs = {id(it.job): it.job for it in items}
+            log.error("model '%s': a batch of %d sentences from %d requests failed: %s: %s",
+                      self.name, len(items), len(jobs), type(e).__name__,
+                      " ".join(str(e).split()))
+            if len(jobs) == 1:
+                _settle(next(iter(jobs.values())).future, error=e)
+                return
+            # One request must not fail the others it shared the batch with: each is decoded
+            # again alone, and only the one that fails alone gets the error.
+            for key in jobs:
+                self._decode([it for it in items if id(it.job) == key])
             return
         for it, result in zip(items, results):
             job = it.job
             result.index = it.index
             job.results[it.index] = result
             job.left -= 1
-            if job.left == 0 and not job.future.done():
-                job.future.set_result(job.results)
+            if job.left == 0:
+                _settle(job.future, result=job.results)
         log.debug("model '%s': %d sentences from %d requests in %.1f ms", self.name, len(items),
                   len({id(it.job) for it in items}), 1000 * (time.perf_counter() - start))
+
+
+def _settle(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Set ``future``'s result or error unless it is done already (e.g. cancelled)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 __all__ = ["Batcher", "Stopping"]

@@ -113,7 +113,7 @@ class Models:
 
     def stop(self) -> None:
         """Finish the sentences waiting in every batcher, then end their threads."""
-        for served in self.loaded.values():
+        for served in list(self.loaded.values()):      # (the loader may still be adding)
             served.batcher.stop()
 
 

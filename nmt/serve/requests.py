@@ -44,6 +44,9 @@ _KINDS = {dict: "an object", list: "a list", int: "a number", float: "a number",
           bool: "true/false", type(None): "null", str: "a string"}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class RequestError(Exception):
     """A request the server refuses: ``status`` (4xx/5xx) and a one-line reason."""
 
@@ -82,9 +85,30 @@ def parse_json(body: bytes) -> dict:
                            ) from None
     except ValueError as e:
         raise RequestError(400, f"the body is not JSON ({e})") from None
+    except RecursionError:
+        raise RequestError(400, "the body is JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise RequestError(400, f"expected a JSON object with \"text\", got {_kind(obj)}")
+    if (bad := _not_text(obj)) is not None:
+        raise RequestError(400, f"the body has a string that is not text: a lone surrogate "
+                                f"(\\u{ord(bad):04x}), which UTF-8 cannot hold")
     return obj
+
+
+def _not_text(obj: Any) -> str | None:
+    """A lone surrogate in some string (key or value) of ``obj``, else None. (JSON's
+    \\ud800 escapes parse, but name no character.)"""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, str) and (m := _SURROGATE.search(x)):
+            return m.group()
+    return None
 
 
 def parse_request(obj: Mapping[str, Any], models: Mapping[str, ServedModel],
@@ -230,7 +254,8 @@ def encode(req: TranslateRequest, cfg: ServeConfig
         # A request's own length options could ask for millions of steps (the decoder's cache
         # is allocated for them): bound them. The preset's are the operator's choice.
         longest = max(x.size for x in ids)
-        if math.floor(s.max_len_a * longest + s.max_len_b) > cfg.max_output_tokens:
+        # (compared as a float: a huge max_len_a makes it inf, which floor() cannot take)
+        if s.max_len_a * longest + s.max_len_b >= cfg.max_output_tokens + 1:
             raise RequestError(400, f"max_len_a * {longest} + max_len_b allows more than "
                                     f"{cfg.max_output_tokens} output tokens "
                                     f"(--max-output-tokens)")
