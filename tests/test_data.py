@@ -193,3 +193,14 @@ def test_training_sample_is_uniform_and_complete(tmp_path):
     assert abs(hits[-200:].mean() / 150 - 0.1) < 0.015
     s, _, n = sample_pairs(tmp_path / "s.en", tmp_path / "s.de", 5000, 0)
     assert n == 1000 and s == [str(i) for i in range(1000)]
+
+
+@pytest.mark.parametrize("count", ["²", "٣", "1.5", "-2"])
+def test_a_count_that_is_not_ascii_digits_is_a_clear_error(tmp_path, count):
+    """str.isdigit() holds for '²' and '٣', which int() then refuses: not an internal error."""
+    from nmt.errors import NmtError
+
+    path = tmp_path / "dict.txt"
+    path.write_text(f"a 3\nb {count}\n", encoding="utf-8")
+    with pytest.raises(NmtError, match="line 2: not a dictionary line"):
+        Dictionary.load(path)

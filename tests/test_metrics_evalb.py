@@ -297,3 +297,34 @@ def test_compiled_evalb_and_nmt_stop_at_the_same_error(evalb, tmp_path):
             assert r.exit_code != 0 and f"line {n_bad}:" in r.stderr, r.stderr
             assert len(error_messages(ref.stderr, EVALB_ERROR)) == n_bad
     assert ref.returncode == 1
+
+
+def test_sentence_scores_leave_out_what_the_corpus_f1_leaves_out(tmp_path):
+    """--sentence prints no F1 for an error sentence (NaN; null in JSON), as EVALB gives none
+    and the corpus F1 does not count it."""
+    gold, test = tmp_path / "gold", tmp_path / "test"
+    gold.write_text(GOLD + "\n" + GOLD + "\n")
+    test.write_text(GOLD + "\n" + GOLD.replace("(NN dog)", "(NN dog") + "\n")
+    r = nmt_score(gold, test, "--sentence")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines() == ["100.0", "nan"]
+    r = nmt_score(gold, test, "--sentence", "--json")
+    assert [json.loads(x) for x in r.stdout.splitlines()] == [{"bracket-f1": 100.0},
+                                                              {"bracket-f1": None}]
+
+
+def test_evalb_report_takes_one_reference(tmp_path):
+    gold = tmp_path / "gold"
+    gold.write_text(GOLD + "\n")
+    r = CliRunner().invoke(score_main, ["-r", str(gold), "-r", str(gold), "-i", str(gold),
+                                        "-m", "bracket-f1", "--evalb-report"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "bracket-f1 takes exactly one reference" in r.stderr
+
+
+def test_parameter_lines_may_start_with_blanks(tmp_path):
+    """EVALB reads its parameters with sscanf, which skips leading blanks."""
+    prm = tmp_path / "p.prm"
+    prm.write_text("  DELETE_LABEL TOP\n\tCUTOFF_LEN 30\n   # a comment\n")
+    p = EvalbParams.from_file(prm)
+    assert p.delete_labels == ["TOP"] and p.cutoff_len == 30

@@ -247,11 +247,60 @@ def test_unwritable_or_occupied_destination(tmp_path):
               "--destdir", tmp_path / "full", ok=False)
     assert res.exit_code == 1 and "--overwrite" in res.stderr
     assert (tmp_path / "full" / "keep.txt").read_text() == "precious"
+    # --overwrite replaces only an nmt data directory: this one is not, and it stays
+    res = run("-s", "en", "-t", "de", "--trainpref", tmp_path / "t", "--subword", "none",
+              "--destdir", tmp_path / "full", "--overwrite", ok=False)
+    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1
+    assert "is not an nmt data directory (no meta.json)" in res.stderr
+    assert (tmp_path / "full" / "keep.txt").read_text() == "precious"
     run("-s", "en", "-t", "de", "--trainpref", tmp_path / "t", "--subword", "none",
-        "--destdir", tmp_path / "full", "--overwrite")
-    assert not (tmp_path / "full" / "keep.txt").exists()
-    assert DataDir.open(tmp_path / "full").splits == ["train"]
+        "--destdir", tmp_path / "bin")
+    _write(tmp_path / "t.de", ["e f"])
+    run("-s", "en", "-t", "de", "--trainpref", tmp_path / "t", "--subword", "none",
+        "--destdir", tmp_path / "bin", "--overwrite")
+    assert DataDir.open(tmp_path / "bin").splits == ["train"]
+    assert "f" in DataDir.open(tmp_path / "bin").tgt_codec.dictionary
     assert _no_leftovers(tmp_path)
+
+
+def test_overwrite_never_deletes_the_builds_own_text(tmp_path):
+    """A corpus kept inside the data directory it rebuilds would be gone with it: refused."""
+    d = tmp_path / "bin"
+    _write(tmp_path / "t.en", ["a b"])
+    _write(tmp_path / "t.de", ["c d"])
+    run("-s", "en", "-t", "de", "--trainpref", tmp_path / "t", "--subword", "none",
+        "--destdir", d)
+    _write(d / "new.en", ["a b"])
+    _write(d / "new.de", ["c d"])
+    res = run("-s", "en", "-t", "de", "--trainpref", d / "new", "--subword", "none",
+              "--destdir", d, "--overwrite", ok=False)
+    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1
+    assert "holds new.en, an input of this build" in res.stderr
+    assert (d / "new.en").exists() and (d / "new.de").exists()
+
+
+def test_dictionaries_of_two_kinds_are_refused(corpus, tmp_path):
+    """--srcdict from a bpe data directory with a plain --tgtdict: no data directory holds
+    both kinds (it could not be opened), so the build is refused."""
+    run("-s", "en", "-t", "de", "--trainpref", corpus / "train", "--vocab-size", 200,
+        "--destdir", tmp_path / "bpe")
+    _write(tmp_path / "plain.txt", ["a 3", "b 2"])
+    _bad(tmp_path, "--testpref", corpus / "valid", "--srcdict", tmp_path / "bpe" / "dict.en.txt",
+         "--tgtdict", tmp_path / "plain.txt", "--subword", "none",
+         match="--srcdict is a bpe dictionary and --tgtdict a none one")
+
+
+def test_bpe_dropout_filter_counts_say_they_are_over_the_copies(tmp_path):
+    _write(tmp_path / "t.en", ["a b c d"] * 20 + [""] * 2)
+    _write(tmp_path / "t.de", ["e f g h"] * 20 + ["x"] * 2)
+    res = run("-s", "en", "-t", "de", "--trainpref", tmp_path / "t", "--vocab-size", 30,
+              "--bpe-dropout", 0.1, "--bpe-dropout-copies", 3, "--destdir", tmp_path / "bin",
+              "-q", "--max-len", 1000)
+    meta = DataDir.open(tmp_path / "bin").meta["splits"]["train"]
+    assert meta["input_lines"] == 22
+    assert meta["filtered"]["empty"] == 6 and meta["filtered"]["over_copies"] == 3
+    assert meta["sentences"] == 60
+    assert res.exit_code == 0
 
 
 def test_console_script_pipeline_output(corpus, tmp_path):

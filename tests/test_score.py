@@ -245,3 +245,13 @@ def test_options_are_the_score_config_and_ref_is_required(tmp_path):
     assert r.stderr.decode().splitlines() == ["nmt-score: error: Missing option '--ref' / '-r'."]
     r = cli("-i", hyp, "-r", hyp, "-r", hyp, "-m", "bleu", "--json", "-w", "2")
     assert r.returncode == 0 and json.loads(r.stdout)["score"] == 100.0
+
+
+def test_references_and_hypotheses_cannot_both_come_from_stdin(tmp_path):
+    from click.testing import CliRunner
+
+    from nmt.cli.score import main
+
+    r = CliRunner().invoke(main, ["--ref", "-"], input="a b\n")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "--ref - and the hypotheses would both be read from stdin" in r.stderr

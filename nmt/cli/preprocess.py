@@ -89,7 +89,10 @@ def summary_table(result: PreprocessResult) -> Table:
     for st in result.splits:
         # Eval splits are not filtered: show what would have been, in parentheses.
         f = (lambda n: str(n)) if st.filtered_applied else (lambda n: f"({n})")
-        table.add_row(st.name, str(st.lines), str(st.kept), f"{st.src_tokens}/{st.tgt_tokens}",
+        # BPE-dropout: kept and the filter counts are over every sampled copy of the lines
+        copies = st.bpe_dropout["copies"] if st.bpe_dropout else 1
+        lines = f"{st.lines} x {copies}" if copies > 1 else str(st.lines)
+        table.add_row(st.name, lines, str(st.kept), f"{st.src_tokens}/{st.tgt_tokens}",
                       f"{pct(st.src_unk, st.src_tokens)}/{pct(st.tgt_unk, st.tgt_tokens)}",
                       f(st.empty), f(st.too_long), f(st.ratio))
     return table

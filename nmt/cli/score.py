@@ -126,6 +126,9 @@ def main(verbose, quiet, **options):
     setup_logging(verbose, quiet)
     cfg: ScoreConfig = build_config(ScoreConfig, options)
     refs, hyp, width = cfg.refs, cfg.hyp, cfg.width
+    if "-" in refs and hyp in (None, "-"):
+        raise UsageError("--ref - and the hypotheses would both be read from stdin: give "
+                         "--hyp FILE")
     names = parse_metrics(cfg.metrics)
     params = cfg.evalb()
     opts = cfg.score_options(params)
@@ -142,6 +145,8 @@ def main(verbose, quiet, **options):
             raise NmtError(f"{hyp or '<stdin>'} has {len(hyps)} lines but {r} has {len(lines)}")
 
     if cfg.evalb_report:
+        if len(refs) != 1:
+            raise UsageError("bracket-f1 takes exactly one reference (the gold trees)")
         res = evalb_mod.evaluate(ref_lines[0], hyps, params, opts.retag,
                                  (refs[0], hyp or "<stdin>"))
         for msg in res.errors:
@@ -157,7 +162,9 @@ def main(verbose, quiet, **options):
             columns = [sentence_scores(m, hyps, ref_lines, opts) for m in names]
             for i in range(len(hyps)):
                 if cfg.as_json:
-                    out.write(json.dumps({m: col[i] for m, col in zip(names, columns)}))
+                    # (null: a sentence bracket-F1 leaves out, an error or a skip)
+                    out.write(json.dumps({m: None if col[i] != col[i] else col[i]
+                                          for m, col in zip(names, columns)}))
                 else:
                     out.write("\t".join(f"{col[i]:.{width}f}" for col in columns))
         scores = [corpus_score(m, hyps, ref_lines, opts) for m in names]

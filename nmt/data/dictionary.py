@@ -150,7 +150,7 @@ class Dictionary:
         d = cls()
         for lineno, line in enumerate(iter_lines(p), 1):
             sym, _, count = line.rpartition(" ")
-            if not sym or not count.isdigit():
+            if not sym or not (count.isascii() and count.isdigit()):
                 # The line is not shown: the file may not be a dictionary at all (a crafted
                 # meta.json or --srcdict naming some other file), and its content is not ours
                 # to print.

@@ -155,8 +155,11 @@ class SplitStats:
                 "input_lines": self.lines, "sentences": self.kept,
                 "shards": self.shards, "src_tokens": self.src_tokens,
                 "tgt_tokens": self.tgt_tokens, "src_unk": self.src_unk, "tgt_unk": self.tgt_unk,
+                # counted over every copy when the split is BPE-dropout's sampled copies
                 "filtered": {"applied": self.filtered_applied, "empty": self.empty,
-                             "too_long": self.too_long, "ratio": self.ratio},
+                             "too_long": self.too_long, "ratio": self.ratio,
+                             **({"over_copies": self.bpe_dropout["copies"]}
+                                if self.bpe_dropout else {})},
                 **({"bpe_dropout": self.bpe_dropout} if self.bpe_dropout else {})}
 
 
@@ -241,12 +244,30 @@ def _prepare_destination(cfg: PreprocessConfig, record: dict[str, Any]) -> tuple
     if dest.exists():
         if not dest.is_dir():
             raise NmtError(f"{dest}: exists and is not a directory")
-        if any(dest.iterdir()) and not cfg.overwrite:
-            why = difference(dest, record)
-            raise NmtError(f"{dest}: exists and is not empty" + (
-                f", and is not this build ({why})" if why else "") +
-                " (use --overwrite to replace it)")
+        if any(dest.iterdir()):
+            if not cfg.overwrite:
+                why = difference(dest, record)
+                raise NmtError(f"{dest}: exists and is not empty" + (
+                    f", and is not this build ({why})" if why else "") +
+                    " (use --overwrite to replace it)")
+            _check_replaceable(cfg, dest)
     return dest, temporary_directory_beside(dest, "data directory")
+
+
+def _check_replaceable(cfg: PreprocessConfig, dest: Path) -> None:
+    """--overwrite deletes ``dest``: only an nmt data directory, and none holding this build's
+    own text (which would be gone once the build is installed)."""
+    if not (dest / "meta.json").is_file():
+        raise NmtError(f"{dest}: is not an nmt data directory (no meta.json), and --overwrite "
+                       f"replaces only one; give another --destdir, or remove it yourself")
+    root = dest.resolve()
+    prefixes = [x for x in (cfg.trainpref, *cfg.validpref, *cfg.testpref) if x]
+    for prefix in prefixes:
+        for lang in (cfg.source_lang, cfg.target_lang):
+            path = Path(f"{prefix}.{lang}").expanduser().resolve()
+            if root in path.parents:
+                raise NmtError(f"{dest}: holds {path.name}, an input of this build, which "
+                               f"--overwrite would delete with it; give another --destdir")
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -348,6 +369,9 @@ def _reused_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool] |
         if src is None or tgt is None:
             raise UsageError("give both --srcdict and --tgtdict (or one with "
                              "--joined-dictionary)")
+        if src.kind != tgt.kind:
+            raise UsageError(f"--srcdict is a {src.kind} dictionary and --tgtdict a {tgt.kind} "
+                             f"one; a data directory has one kind of subword on both sides")
         return src, tgt, cfg.joined
     return None
 
@@ -514,7 +538,9 @@ def _report_split(cfg: PreprocessConfig, st: SplitStats, prefix: str, seconds: f
     if name == "train" and st.lines == 0:
         raise NmtError(f"training set {prefix}.{{{cfg.source_lang},{cfg.target_lang}}} is empty")
     if name == "train" and st.kept == 0:
-        raise NmtError(f"no training pairs left after filtering ({st.empty} empty, "
+        over = (f"over the {cfg.bpe_dropout_copies} sampled copies: " if st.bpe_dropout
+                else "")
+        raise NmtError(f"no training pairs left after filtering ({over}{st.empty} empty, "
                        f"{st.too_long} longer than --max-len {cfg.max_len}, "
                        f"{st.ratio} over --max-len-ratio {cfg.max_len_ratio})")
 

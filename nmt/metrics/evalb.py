@@ -66,7 +66,7 @@ class EvalbParams:
         """Read an EVALB parameter file (``KEY value`` lines, ``#`` comments)."""
         p = cls(delete_labels=[], delete_labels_for_length=[])
         for lineno, line in enumerate(iter_lines(path), 1):
-            line = line.rstrip(_WS)
+            line = line.strip(_WS)       # (EVALB's sscanf skips leading blanks too)
             if line.startswith("#") or len(line) < 3:
                 continue
             # KEY, then a run of whitespace, then the value (the rest of the line).

@@ -188,7 +188,8 @@ def sentence_scores(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[st
         return [tok_bleu_mod.literature_bleu([h], [[r] for r in rs], lang, opts.lowercase).score
                 for h, *rs in zip(hyps, *refs)]
     res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag, opts.names)
-    return [s.f1 for s in res.sentences]
+    # NaN for the sentences the corpus F1 leaves out (errors and skips), as EVALB gives none
+    return [s.f1 if s.status == evalb_mod.OK else float("nan") for s in res.sentences]
 
 
 def _check(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> None:
