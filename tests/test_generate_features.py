@@ -206,3 +206,60 @@ def test_a_huge_length_limit_is_the_decoders_own_limit(ckpt):
     assert max_lengths(torch.tensor([3, 0]), cfg, 64).tolist() == [63, 5]
     assert max_lengths(torch.tensor([2]), SearchConfig(beam=1, lenpen=0.0, max_len_a=1.5,
                                                        max_len_b=2), None).tolist() == [5]
+
+
+def test_output_that_cannot_be_written_is_refused_before_loading(ckpt, tmp_path):
+    (tmp_path / "d").mkdir()
+    r = gen(ckpt, "-o", tmp_path / "d", stdin="w1\n", ok=False)
+    one_line_error(r, "is a directory")
+    assert r.exit_code == 2 and list((tmp_path).iterdir()) == [tmp_path / "d"]
+    one_line_error(gen(ckpt, "-o", tmp_path / "no" / "out", stdin="w1\n", ok=False),
+                   "the folder", "does not exist")
+
+
+def test_output_through_a_link_or_into_a_fifo(ckpt, tmp_path):
+    """A symbolic link: the file it names is written, the link kept. A FIFO (or a device):
+    written through, never replaced by a regular file."""
+    import os
+    import threading
+
+    src = write(tmp_path / "in.txt", ["w1 w2", "w3"])
+    want = gen(ckpt, "-i", src).stdout
+    (tmp_path / "real.txt").write_text("old\n")
+    os.symlink(tmp_path / "real.txt", tmp_path / "link.txt")
+    gen(ckpt, "-i", src, "-o", tmp_path / "link.txt")
+    assert os.path.islink(tmp_path / "link.txt")
+    assert (tmp_path / "real.txt").read_text() == want
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    gen(ckpt, "-i", src, "-o", fifo)
+    reader.join(30)
+    assert got == [want] and not os.path.isfile(fifo)
+
+
+def test_a_closed_stdout_or_stdin_is_a_one_line_error(ckpt, tmp_path):
+    import subprocess
+    import sys
+
+    src = write(tmp_path / "in.txt", ["w1"])
+    cmd = [sys.executable, "-m", "nmt.cli.generate", str(ckpt), "-q"]
+    r = subprocess.run(" ".join([*cmd, "-i", str(src), ">&-"]), shell=True,
+                       capture_output=False, stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == ("nmt-generate: error: stdout is closed: "
+                                                      "give --output FILE")
+    r = subprocess.run(" ".join([*cmd, "<&-"]), shell=True, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == ("nmt-generate: error: stdin is closed: "
+                                                      "give --input FILE")
+
+
+def test_jsonl_lines_stay_one_line_and_lone_surrogates_are_refused(ckpt, tmp_path):
+    src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1", "prefix": "w2\u2028"})])
+    out = gen(ckpt, "-i", src, "--input-format", "jsonl", "--output-format", "jsonl").stdout
+    assert len(out.splitlines()) == 1 and "\\u2028" in out
+    bad = write(tmp_path / "bad.jsonl", ['{"source": "w1"}', '{"source": "w2 \\ud800"}'])
+    one_line_error(gen(ckpt, "-i", bad, "--input-format", "jsonl", ok=False),
+                   "bad.jsonl: line 2", "lone surrogate (\\ud800)")

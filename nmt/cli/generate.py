@@ -8,7 +8,10 @@ module reads, writes and reports progress.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import sys
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
@@ -23,7 +26,7 @@ from nmt.cli.generate_modes import (build_translator, format_result, score_refer
                                    translate_chunk)
 from nmt.cli.generate_shards import Shard, finish, rank_named, torchrun_shard
 from nmt.cli.options import build_config, config_options, runtime_options
-from nmt.errors import UsageError
+from nmt.errors import NmtError, UsageError
 from nmt.io import LineWriter, atomic_write
 
 log = logging.getLogger("nmt.generate")
@@ -38,8 +41,41 @@ def open_output(path: str | None) -> Iterator[LineWriter]:
         yield out
         out.close()
         return
+    if is_stream(path):          # a FIFO or a device: written through, as stdout is
+        try:
+            f = open(path, "wb")
+        except OSError as e:
+            raise NmtError(f"{path}: cannot write ({e.strerror or e})") from None
+        with f:
+            yield LineWriter.over(f, path)
+        return
     with atomic_write(path, "wb") as f:
         yield LineWriter.over(f, path)
+
+
+def is_stream(path: str) -> bool:
+    """Whether --output names something that exists and is neither a regular file nor a
+    directory (a FIFO, /dev/stdout, /dev/null): it is written through, never replaced."""
+    return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
+
+
+def check_output(cfg: GenerateConfig) -> GenerateConfig:
+    """Refuse, before anything is loaded, an --output that cannot be written (a directory, a
+    missing folder) and a closed stdin or stdout that the run would use; a symbolic link
+    is followed (the file it names is written, the link kept)."""
+    if cfg.input_path in (None, "-") and sys.stdin is None:
+        raise UsageError("stdin is closed: give --input FILE")
+    out = cfg.output_path
+    if out in (None, "-"):
+        if sys.stdout is None:
+            raise UsageError("stdout is closed: give --output FILE")
+        return cfg
+    real = os.path.realpath(out)
+    if os.path.isdir(real):
+        raise UsageError(f"--output {out} is a directory: give the file to write")
+    if not os.path.isdir(os.path.dirname(real) or "."):
+        raise UsageError(f"--output {out}: the folder {os.path.dirname(real)} does not exist")
+    return dataclasses.replace(cfg, output_path=real) if real != os.path.abspath(out) else cfg
 
 
 class _Progress:
@@ -134,7 +170,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
     at once.
     """
     setup_runtime(verbose, quiet, threads)
-    cfg: GenerateConfig = build_config(GenerateConfig, options)
+    cfg: GenerateConfig = check_output(build_config(GenerateConfig, options))
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
     shard = torchrun_shard(cfg, checkpoints, workers)
@@ -229,7 +265,8 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
     from nmt.io import is_regular_file
 
     if (cfg.output_path in (None, "-") or split is not None or cfg.score_reference
-            or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)):
+            or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)
+            or is_stream(cfg.output_path)):
         return None
     from nmt.cli.generate_resume import ResumableOutput, run_identity
     from nmt.cli.generate_shards import ShardOutput, check_other_runs, first_attempt

@@ -28,7 +28,8 @@ class GenerateConfig:
               "the --split of the checkpoint's data directory).",
         flag="--input", short="-i", metavar="PATH")
     output_path: str | None = option(
-        None, "Write here instead of stdout (under a temporary name, renamed at the end).",
+        None, "Write here instead of stdout (under a temporary name, renamed at the end; a "
+              "FIFO or a device is written through, a symbolic link's file is written).",
         flag="--output", short="-o", metavar="PATH")
     # --- decoding (SearchConfig; None: the checkpoint's preset) ---
     beam: int | None = option(

@@ -12,10 +12,20 @@ from nmt.cli.generate_config import GenerateConfig
 from nmt.specials import EOS
 
 
+
+# Characters that str.splitlines() (and some editors, and JavaScript before ES2019) take for
+# line ends: escaped, so that one JSON line is one line to every reader.
+_LINE_ENDS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def json_line(obj) -> str:
+    """One JSON object on one line, UTF-8 text kept as it is (but for the line ends above)."""
+    return json.dumps(obj, ensure_ascii=False).translate(_LINE_ENDS)
+
 def format_result(result, output_format: str, nbest: int) -> str:
     """The output text of one input line: 1 line (text, jsonl) or ``nbest`` lines (text)."""
     if output_format == "jsonl":
-        return json.dumps(result.to_json(), ensure_ascii=False)
+        return json_line(result.to_json())
     # A line break inside a translation (a byte-fallback subword could produce one) would
     # shift every following line: it becomes a space.
     texts = [_one_line(h.text) for h in result.hypotheses[:nbest]]
@@ -71,7 +81,7 @@ def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
             extra[i]["prefix"] = prefixes[i]
         if constraints is not None and constraints[i]:
             extra[i]["constraints"] = constraints[i]
-    return results, [json.dumps({**r.to_json(), **e}, ensure_ascii=False)
+    return results, [json_line({**r.to_json(), **e})
                      for r, e in zip(results, extra)]
 
 

@@ -8,6 +8,7 @@ the line."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from nmt.errors import NmtError
@@ -24,6 +25,9 @@ class Request:
     target: str | None = None
     constraints: list[str] | None = None
 
+
+# A lone surrogate: what an unpaired JSON escape in \ud800-\udfff decodes to (no character).
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     if not line.strip():
@@ -49,6 +53,12 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
             raise NmtError(f"{where}: \"{key}\" must be a string, got {_kind(value)}")
     if problem := phrases_problem(obj.get("constraints")):
         raise NmtError(f"{where}: {problem}")
+    texts = [obj.get(k) for k in FIELDS] + list(obj.get("constraints") or [])
+    bad = next((m.group() for t in texts if isinstance(t, str) and (m := SURROGATE.search(t))),
+               None)
+    if bad is not None:
+        raise NmtError(f"{where}: a lone surrogate (\\u{ord(bad):04x}) in a string: JSON's "
+                       f"\\ud800-\\udfff escapes name no character unless paired")
     return Request(obj["source"] or "", obj.get("prefix"), obj.get("target"),
                    obj.get("constraints"))
 

@@ -30,7 +30,7 @@ import numpy as np
 from nmt.errors import NmtError, suggest
 from nmt.search.config import SearchConfig
 from nmt.search.lexical import check_room, encode_constraints, refuse_with
-from nmt.search.requests import phrases_problem
+from nmt.search.requests import SURROGATE, phrases_problem
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import ServedModel
 
@@ -42,9 +42,6 @@ CONTROLS = {"min_len": True, "no_repeat_ngram_size": True, "unkpen": False,
             "diverse_beam_groups": True, "diverse_beam_strength": False}
 _KINDS = {dict: "an object", list: "a list", int: "a number", float: "a number",
           bool: "true/false", type(None): "null", str: "a string"}
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RequestError(Exception):
@@ -106,7 +103,7 @@ def _not_text(obj: Any) -> str | None:
             stack.extend(x.values())
         elif isinstance(x, list):
             stack.extend(x)
-        elif isinstance(x, str) and (m := _SURROGATE.search(x)):
+        elif isinstance(x, str) and (m := SURROGATE.search(x)):
             return m.group()
     return None
 

@@ -13,8 +13,9 @@ from typing import Sequence
 
 import torch
 
-from nmt.errors import NmtError
 from nmt.checkpoint import inference_checkpoint, load_checkpoint, save_checkpoint
+from nmt.config import ModelConfig
+from nmt.errors import NmtError
 
 log = logging.getLogger("nmt.train")
 
@@ -36,9 +37,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
                 # Accumulate in float64: twenty fp32 checkpoints lose no precision to the sum.
                 sums[k] = v.double().clone() if v.is_floating_point() else v.clone()
             continue
-        if ckpt["model_config"] != first["model_config"]:
-            raise NmtError(f"{path}: model configuration differs from {paths[0]}; "
-                           f"only checkpoints of one model can be averaged")
+        _check_same_model(ckpt, first, path, paths[0])
         if set(weights) != keys:
             raise NmtError(f"{path}: parameter names differ from {paths[0]}")
         for k, v in weights.items():
@@ -57,6 +56,27 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
     out["model"] = averaged
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def _check_same_model(ckpt: dict, first: dict, path, first_path) -> None:
+    """One model: the same configuration (a field a checkpoint predates counts as its default)
+    and the same vocabularies, or the average would mix rows of different symbols."""
+    from nmt.checkpoint import codecs_from_checkpoint
+    from nmt.training.resume import check_same_model, codec_difference
+
+    try:
+        check_same_model(ckpt["model_config"], ModelConfig.from_dict(
+            first["model_config"]).to_dict(), Path(path))
+    except NmtError:
+        raise NmtError(f"{path}: model configuration differs from {first_path}; only "
+                       f"checkpoints of one model can be averaged") from None
+    pairs = zip(("source", "target"), codecs_from_checkpoint(ckpt, str(path)),
+                codecs_from_checkpoint(first, str(first_path)))
+    for side, mine, theirs in pairs:
+        diff = codec_difference(mine, theirs)
+        if diff:
+            raise NmtError(f"{path}: its {side} vocabulary differs from {first_path}'s "
+                           f"({diff}); only checkpoints of one model can be averaged")
 
 
 def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:

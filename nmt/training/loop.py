@@ -86,17 +86,18 @@ class Run:
     def _init_source(self) -> tuple[Path, dict, bool]:
         """With --init-from: (path, checkpoint, resuming) of the checkpoint that gives the model
         configuration: SAVE_DIR's newest when the run resumes (CKPT is then not used), else
-        CKPT, whose vocabularies must be the data directory's."""
+        CKPT (read first with --no-resume, which moves the old run's files: CKPT may be one)."""
+        early = None if self.cfg.resume else ckpt_io.load_checkpoint(self.cfg.init_from)
         found = self._resume_point()
         if found is not None:
             if self.is_main:
                 log.info("--init-from %s is not used: the run resumes from %s",
                          self.cfg.init_from, found[0])
             return found[0], found[1], True
-        path = Path(self.cfg.init_from)
-        ck = ckpt_io.load_checkpoint(path)
-        warn = log.warning if self.is_main else (lambda msg: None)
-        resume.check_init_data(ck, path, self.data, self.data_dir, warn)
+        path = self.save_dir.moved_path(Path(self.cfg.init_from))
+        ck = early if early is not None else ckpt_io.load_checkpoint(path)
+        resume.check_init_data(ck, path, self.data, self.data_dir,
+                               log.warning if self.is_main else (lambda msg: None))
         return path, ck, False
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ class Run:
     def _restore(self, path: Path, ck: dict) -> None:
         warn = log.warning if self.is_main else (lambda msg, *a: None)
         resume.check_resumable(ck, path, self.cfg, self.model_cfg, self.data, self.data_dir,
-                               warn)
+                               warn, self.share)
         resume.restore(ck, self.model, self.trainer, self.selection, self.info.rank,
                        self.info.world_size)
         self.cfg.init_from = resume.saved_init_from(ck)
@@ -325,7 +326,6 @@ class Run:
         if self.is_main:
             log.info("resumed from %s at update %d (epoch %d, batch %d)", path,
                      self.trainer.num_updates, self.epoch, self.epoch_batches_done)
-
 
 
 def train(cfg: TrainConfig, data, data_dir: str, progress: ProgressFn | None = None) -> Path:

@@ -63,17 +63,32 @@ def resume_point(save_dir, resume: bool, device, is_main: bool) -> tuple[Path, d
                         moved)
         return None
     warn = log.warning if is_main else (lambda msg: None)
-    return save_dir.newest_intact(device, warn)
+    found = save_dir.newest_intact(device, warn)
+    if found is not None and is_main and found[0] != save_dir.last:
+        # A crash between writing checkpoint_<n>.pt and linking left the links older: they
+        # name the resumed checkpoint again (best too, when it is the selection's best).
+        selection = found[1]["progress"].get("selection") or {}
+        save_dir.relink(found[0], best=selection.get("best_update") == found[1]["progress"][
+            "update"])
+    return found
 
 
 def check_resumable(ck: Mapping[str, Any], path: Path, cfg, model_cfg, data, data_dir: str,
-                    warn: Callable[..., None]) -> None:
+                    warn: Callable[..., None], share: bool | None = None) -> None:
     """Refuse a checkpoint this run cannot continue (not a training checkpoint, other data,
-    another model); warn about the optimisation options that change from its run."""
+    another model, embeddings shared otherwise than ``share``); warn about the optimisation
+    options that change from its run."""
     if "progress" not in ck or "optimizer" not in ck:
         raise NmtError(f"{path}: not a training checkpoint (averaged?); cannot resume")
     check_same_data(ck, path, data, data_dir, warn)
     check_same_model(ck["model_config"], model_cfg.to_dict(), path)
+    saved_share = ck.get("share_all_embeddings")
+    if share is not None and saved_share is not None and bool(saved_share) != share:
+        raise NmtError(f"{path} was trained with{'' if saved_share else 'out'} one embedding "
+                       f"matrix shared by both languages, this run "
+                       f"{'shares' if share else 'does not share'} it "
+                       f"(--{'' if share else 'no-'}share-all-embeddings); cannot resume: "
+                       f"{HOW_TO_RESTART}")
     changed = changed_options(ck.get("train_config"), cfg)
     if changed:
         warn("resuming %s with options that differ from its run: %s; the new values "
@@ -151,7 +166,9 @@ RUN_OPTIONS = {"warmup": "--warmup", "lr_scale": "--lr-scale", "lr_period": "--l
                "optimizer": "--optimizer", "weight_decay": "--weight-decay",
                "clip_norm": "--clip-norm", "seed": "--seed", "dropout_masks": "--dropout-masks",
                "max_tokens": "--max-tokens", "max_sentences": "--max-sentences",
-               "update_freq": "--update-freq"}
+               "update_freq": "--update-freq",
+               # the end of a cosine or linear schedule; which checkpoint counts as best
+               "max_update": "--max-update", "best_checkpoint_metric": "--best-checkpoint-metric"}
 
 
 def codec_difference(saved, current) -> str | None:

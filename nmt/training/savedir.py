@@ -73,6 +73,7 @@ class SaveDir:
         self._lock = None
         self._created: list[Path] = []     # directories that prepare() made
         self._identity: tuple[int, int] | None = None   # (st_dev, st_ino) that prepare() locked
+        self.moved_to: Path | None = None    # where move_previous_run() put the old files
 
     def prepare(self) -> None:
         """Create it, check that it is writable (fail now, not at the first save) and lock it
@@ -149,6 +150,14 @@ class SaveDir:
                 old.unlink(missing_ok=True)
         return path
 
+    def relink(self, path: Path, best: bool) -> None:
+        """Point the last (and, when ``best``, the best) link at ``path``."""
+        link_or_copy(path, self.last)
+        if best:
+            link_or_copy(path, self.best)
+        log.info("%s%s now name %s, the newest intact checkpoint", self.last.name,
+                 f" and {self.best.name}" if best else "", path.name)
+
     def unmoved(self) -> bool:
         """Whether the path still names the directory that :meth:`prepare` locked (always
         True where prepare() did not run: ranks other than 0 write nothing)."""
@@ -210,7 +219,17 @@ class SaveDir:
         except OSError as e:
             raise NmtError(f"{self.path}: cannot move the previous run's files into {dest} "
                            f"({e.strerror or e})") from None
+        self.moved_to = dest
         return dest
+
+    def moved_path(self, path: Path) -> Path:
+        """Where ``path`` is now: in the previous run's folder if it was one of the files
+        :meth:`move_previous_run` moved there, else ``path``."""
+        moved = self.moved_to
+        if moved is not None and path.resolve().parent == self.path.resolve() \
+                and (moved / path.name).exists() and not path.exists():
+            return moved / path.name
+        return path
 
     def newest_intact(self, device: torch.device | str = "cpu",
                       warn: Callable[[str], None] = log.warning) -> tuple[Path, dict] | None:

@@ -1,0 +1,89 @@
+"""nmt-train after the unusual: a crash between saving a checkpoint and linking it, a resume
+that changes how embeddings are shared, --no-resume starting from the old run's own
+checkpoint, and averaging checkpoints of different vocabularies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.errors import NmtError
+from nmt.training.loop import TrainConfig, train
+from train_support import WORDS, FakeData
+
+
+def cfg(save, **kw) -> TrainConfig:
+    base = dict(arch="transformer_tiny", max_tokens=120, warmup=10, log_interval=1000,
+                save_dir=str(save), device="cpu", save_interval_updates=2, keep_last=10)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_crash_before_linking_is_repaired_on_the_rerun(tmp_path, monkeypatch):
+    """Killed after checkpoint_6.pt was written but before checkpoint_last.pt and
+    checkpoint_best.pt named it: the rerun resumes from it and points both links at it."""
+    import nmt.training.savedir as savedir
+
+    real = savedir.link_or_copy
+
+    def dies_at_6(src, dest):
+        if src.name == "checkpoint_6.pt":
+            raise KeyboardInterrupt          # stands for the kill: nothing after it runs
+        real(src, dest)
+
+    monkeypatch.setattr(savedir, "link_or_copy", dies_at_6)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg(tmp_path, max_update=6), FakeData(n_train=40), "fake")
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["progress"]["update"] == 4
+    monkeypatch.setattr(savedir, "link_or_copy", real)
+    final = train(cfg(tmp_path, max_update=6), FakeData(n_train=40), "fake")
+    assert load_checkpoint(final)["progress"]["update"] == 6
+    last = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert last["progress"]["update"] == 6
+    best = last["progress"]["selection"]["best_update"]
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["progress"]["update"] == best
+
+
+@pytest.mark.parametrize("first,then", [(None, False), (False, True)])
+def test_resuming_with_embeddings_shared_otherwise_is_refused(tmp_path, first, then):
+    train(cfg(tmp_path, max_update=2, share_all_embeddings=first), FakeData(n_train=40), "fake")
+    with pytest.raises(NmtError, match="cannot resume") as e:
+        train(cfg(tmp_path, max_update=4, share_all_embeddings=then), FakeData(n_train=40),
+              "fake")
+    assert f"--{'' if then else 'no-'}share-all-embeddings" in str(e.value)
+
+
+def test_no_resume_can_start_from_the_previous_runs_own_checkpoint(tmp_path):
+    """--no-resume --init-from SAVE/checkpoint_best.pt: the file is read before the old run's
+    files move aside, and the run records where it is now."""
+    train(cfg(tmp_path, max_update=2), FakeData(n_train=40), "fake")
+    old = load_checkpoint(tmp_path / "checkpoint_best.pt")["model"]
+    final = train(cfg(tmp_path, max_update=2, resume=False, arch=None,
+                      init_from=str(tmp_path / "checkpoint_best.pt")),
+                  FakeData(n_train=40), "fake")
+    moved = list(tmp_path.glob("previous-*/checkpoint_best.pt"))
+    assert len(moved) == 1
+    assert all(torch.equal(old[k], load_checkpoint(moved[0])["model"][k]) for k in old)
+    recorded = load_checkpoint(final)["train_config"]["init_from"]
+    assert recorded == str(moved[0].resolve())
+
+
+def test_checkpoints_of_other_vocabularies_are_not_averaged(tmp_path):
+    from nmt.data.codec import whitespace_codec
+    from nmt.data.dictionary import Dictionary
+    from nmt.training.average import average_checkpoints
+
+    final = train(cfg(tmp_path, max_update=2), FakeData(n_train=40), "fake")
+    ck = load_checkpoint(final)
+    other = whitespace_codec(Dictionary(list(reversed(WORDS)))).to_state()
+    save_checkpoint({**ck, "src_codec": other, "tgt_codec": other}, tmp_path / "other.pt")
+    with pytest.raises(NmtError, match="source vocabulary differs"):
+        average_checkpoints([tmp_path / "checkpoint_2.pt", tmp_path / "other.pt"])
