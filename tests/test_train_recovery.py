@@ -87,3 +87,60 @@ def test_checkpoints_of_other_vocabularies_are_not_averaged(tmp_path):
     save_checkpoint({**ck, "src_codec": other, "tgt_codec": other}, tmp_path / "other.pt")
     with pytest.raises(NmtError, match="source vocabulary differs"):
         average_checkpoints([tmp_path / "checkpoint_2.pt", tmp_path / "other.pt"])
+
+
+def stopped_by_a_signal_after(update: int, monkeypatch, run) -> None:
+    """Run ``run()`` with SIGTERM raised after update ``update`` (the run then stops at the
+    end of the next one), expecting it to stop there."""
+    import os
+    import signal
+
+    from nmt.training.loop import TrainingInterrupted
+    from nmt.training.trainer import Trainer
+
+    real = Trainer.train_step
+
+    def step(self, batches, flags=None):
+        stats = real(self, batches, flags)
+        if self.num_updates == update:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return stats
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    with pytest.raises(TrainingInterrupted):
+        run()
+    monkeypatch.setattr(Trainer, "train_step", real)
+
+
+def test_a_signal_on_a_save_leaves_its_validation_to_the_resumed_run(tmp_path, monkeypatch):
+    """Stopped by a signal at update 4, a save point, the run saves without validating; the
+    resumed run validates those same weights first and judges them as at the save, so
+    --patience stops it where the uninterrupted run stopped, with the same scores."""
+    kw = dict(max_update=8, patience=1)
+    train(cfg(tmp_path / "straight", **kw), FakeData(n_train=40), "fake")
+    split = tmp_path / "split"
+    stopped_by_a_signal_after(3, monkeypatch, lambda: train(cfg(split, **kw),
+                                                             FakeData(n_train=40), "fake"))
+    assert load_checkpoint(split / "checkpoint_4.pt")["progress"]["deferred"] == {"judge": True}
+    train(cfg(split, **kw), FakeData(n_train=40), "fake")
+    a, b = (load_checkpoint(d / "checkpoint_last.pt") for d in (tmp_path / "straight", split))
+    assert a["progress"]["update"] == b["progress"]["update"]
+    assert a["progress"]["selection"] == b["progress"]["selection"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_a_signal_off_the_schedule_saves_no_numbered_checkpoint(tmp_path, monkeypatch):
+    """Stopped at update 7 (saves every 2): only checkpoint_last.pt holds it, so the last-2
+    average of the finished run is the uninterrupted run's (6 and 8), not 7 and 8."""
+    kw = dict(max_update=8, average_last=2)
+    straight = train(cfg(tmp_path / "straight", **kw), FakeData(n_train=40), "fake")
+    split = tmp_path / "split"
+    stopped_by_a_signal_after(6, monkeypatch, lambda: train(cfg(split, **kw),
+                                                             FakeData(n_train=40), "fake"))
+    assert not (split / "checkpoint_7.pt").exists()
+    assert load_checkpoint(split / "checkpoint_last.pt")["progress"]["update"] == 7
+    resumed = train(cfg(split, **kw), FakeData(n_train=40), "fake")
+    a, b = load_checkpoint(straight), load_checkpoint(resumed)
+    assert [p.rsplit("/", 1)[1] for p in b["averaged_from"]] == ["checkpoint_6.pt",
+                                                                 "checkpoint_8.pt"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

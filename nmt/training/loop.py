@@ -33,8 +33,6 @@ from nmt.training.policy import Decision, Policy
 from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
 from nmt.training.signals import SignalCatcher, TrainingInterrupted
-from nmt.tasks.task import data_task
-from nmt.training.trainer import StepStats
 
 log = logging.getLogger("nmt.train")
 
@@ -76,6 +74,7 @@ class Run:
         self.valid_ds, self.valid_sampler = valid.dataset, valid.sampler
         self.metrics, self.references = valid.metrics, valid.references
         self.epoch, self.epoch_batches_done = 1, 0
+        self.deferred: dict | None = None     # a validation a signal's stop left (resume)
         self.selection = Selection(cfg.best_checkpoint_metric)
         self.jsonl = JsonlLog(None)   # opened in run(): appended to when resuming
         self.tensorboard = TensorBoardLog(None)   # opened in run() on rank 0
@@ -119,7 +118,8 @@ class Run:
                          sum(p.numel() for p in self.model.parameters()), len(self.train_ds),
                          self.info.world_size, self.device, self.trainer.num_updates)
         self.policy, self.total = Policy(self.cfg, self.is_main), Meter()
-        stop = self._already_done()
+        done = self._already_done()
+        stop = self._deferred_validation() or done
         with self.signals:
             while not stop and not (self.cfg.max_epoch and self.epoch > self.cfg.max_epoch):
                 stop = self._train_epoch()
@@ -160,7 +160,7 @@ class Run:
             local = self.policy.local_signals(bool(self.signals.received))
             stats = self.trainer.train_step(batches, local)
             self.epoch_batches_done += len(group)
-            self._account(stats)
+            report.account(self, stats)
             end_of_epoch = self.epoch_batches_done >= len(shard)
             decision = self.policy.decide(self.trainer.num_updates, stats.skipped,
                                           end_of_epoch, self.epoch, stats.signals)
@@ -176,27 +176,6 @@ class Run:
                 return False
         return False
 
-    def _account(self, stats: StepStats) -> None:
-        """Meters, warnings, the progress callback and the periodic log line of an update."""
-        upd = self.trainer.num_updates
-        if stats.nonfinite:
-            report.nonfinite(stats, self.trainer, self.cfg.max_nonfinite, self.save_dir.path,
-                             self.is_main)
-        else:
-            self.meter.add(stats)
-            self.total.add(stats)
-        if stats.skipped and not stats.nonfinite and self.is_main:
-            log.warning("update skipped (no target tokens)")
-        if self.progress is not None and self.is_main:
-            self.progress(upd, self.cfg.max_update or None, f"epoch {self.epoch}")
-        if upd % self.cfg.log_interval == 0 and not stats.skipped:
-            summary = self.meter.summary()
-            self.meter.reset()
-            report.check_finite(summary, upd)
-            if self.is_main:
-                report.train_line(summary, stats.lr, upd, self.epoch, self.device,
-                                  (self.jsonl, self.tensorboard))
-
     def _act(self, decision: Decision) -> bool:
         """Validate and save as decided; True when --patience ran out."""
         if not (decision.validate or decision.save):
@@ -204,24 +183,49 @@ class Run:
         valid = self.validate() if decision.validate else None
         if not decision.save:
             return False
-        # Only validations at a save compete for checkpoint_best.pt and count for --patience:
-        # the best score always has a checkpoint.
+        if not decision.numbered:        # a signal off the saving schedule: a resume point
+            self.saved_at = self.save(None, numbered=False, deferred=decision.deferred)
+            return False
+        value, improved = self._judge(valid)
+        if valid is not None:
+            valid = {**valid, "best": improved}
+        self.saved_at = self.save(valid, is_best=improved, deferred=decision.deferred)
+        self.policy.saved()
+        return self._out_of_patience(value)
+
+    def _judge(self, valid: dict[str, Any] | None) -> tuple[float | None, bool]:
+        """(score, improved) of a validation at a save: only those compete for
+        checkpoint_best.pt and count for --patience (the best score always has a checkpoint)."""
         value = self.selection.value(valid)
         improved = self.selection.observe(self.trainer.num_updates, value)
         if improved and self.is_main:
             report.best(self.jsonl, self.trainer.num_updates, self.selection.metric, value)
-        if valid is not None:
-            valid = {**valid, "best": improved}
-        self.saved_at = self.save(valid, is_best=improved)
-        self.policy.saved()
-        if value is not None and self.selection.out_of_patience(self.cfg.patience):
-            if self.is_main:
-                log.info("stopping: %d validations in a row without a better %s (best %.4g "
-                         "at update %s)", self.selection.bad_in_a_row, self.selection.metric,
-                         self.selection.best, self.selection.best_update)
-            self.stopped_early = True
-            return True
-        return False
+        return value, improved
+
+    def _out_of_patience(self, value: float | None) -> bool:
+        if value is None or not self.selection.out_of_patience(self.cfg.patience):
+            return False
+        if self.is_main:
+            log.info("stopping: %d validations in a row without a better %s (best %.4g at "
+                     "update %s)", self.selection.bad_in_a_row, self.selection.metric,
+                     self.selection.best, self.selection.best_update)
+        self.stopped_early = True
+        return True
+
+    def _deferred_validation(self) -> bool:
+        """The validation a signal's stop left to this resumed run: the saved weights and RNG
+        state are those it would have seen, so it is the uninterrupted run's; at a save it is
+        judged and the checkpoint saved again as that run saved it. True when --patience
+        then ran out."""
+        deferred, self.deferred = self.deferred, None
+        if not deferred:
+            return False
+        valid = self.validate()
+        if not deferred.get("judge"):
+            return False
+        value, improved = self._judge(valid)
+        self.saved_at = self.save(valid and {**valid, "best": improved}, is_best=improved)
+        return self._out_of_patience(value)
 
     def _log_end(self) -> None:
         """The summary (rank 0): also after an interruption."""
@@ -269,7 +273,8 @@ class Run:
         return self.cfg.valid_search.resolve(self.model_cfg)
 
     # --- checkpoints: saving, resuming (their training half: nmt.training.resume) -----------------
-    def save(self, valid: dict[str, Any] | None, is_best: bool = False) -> Path | None:
+    def save(self, valid: dict[str, Any] | None, is_best: bool = False, numbered: bool = True,
+             deferred: bool = False) -> Path | None:
         # Every rank's RNG, so that a resumed multi-rank run draws the same dropout masks.
         rng_states = all_gather_object(resume.get_rng_state(), self.info)
         path = None
@@ -279,21 +284,13 @@ class Run:
             self.selection.record_saved(upd, self.selection.value(valid))
             keep = self.selection.best_updates(max(self.cfg.average_best,
                                                    self.cfg.ensemble_best))
-            path = self.save_dir.write(self._checkpoint(rng_states, valid), upd, is_best,
-                                       max(self.cfg.keep_last, self.cfg.average_last), keep)
+            ck = resume.run_checkpoint(self, rng_states, valid,
+                                       {"judge": numbered} if deferred else None)
+            path = self.save_dir.write(ck, upd, is_best, max(self.cfg.keep_last,
+                                       self.cfg.average_last), keep, numbered=numbered)
             log.info("saved %s (%.1fs)", path, time.perf_counter() - t0)
         barrier(self.info)
         return path
-
-    def _checkpoint(self, rng_states: list[Any], valid: dict[str, Any] | None) -> dict:
-        training = resume.training_state(self.cfg, self.trainer, self.selection, rng_states,
-                                         self.epoch, self.epoch_batches_done,
-                                         self.sampler.signature(), valid)
-        return ckpt_io.make_checkpoint(
-            model_config=self.model_cfg, model_state=self.model.state_dict(),
-            share_all_embeddings=self.share, src_codec=self.data.src_codec,
-            tgt_codec=self.data.tgt_codec, src_lang=self.data.src_lang, tgt_lang=self.data.tgt_lang,
-            data_dir=str(self.data_dir), task=data_task(self.data).name, training=training)
 
     def try_resume(self) -> bool:
         """Load the newest intact checkpoint of SAVE_DIR when asked; True if it did."""
@@ -321,6 +318,7 @@ class Run:
         resume.restore(ck, self.model, self.trainer, self.selection, self.info.rank,
                        self.info.world_size)
         self.cfg.init_from = resume.saved_init_from(ck)
+        self.deferred = ck["progress"].get("deferred")
         self.epoch, self.epoch_batches_done = resume.saved_position(ck, path,
                                                                     self.sampler.signature())
         if self.is_main:

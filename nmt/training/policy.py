@@ -34,6 +34,12 @@ class Decision:
     validate: bool
     save: bool
     stop: bool
+    # A signal's stop saves at once and validates nothing. ``numbered``: the save is one the
+    # schedule has too (checkpoint_<update>.pt; else only checkpoint_last.pt, a point to
+    # resume from that --keep-last and --average-last never see). ``deferred``: the
+    # validation the schedule had here, run by the resumed run before it trains on.
+    numbered: bool = True
+    deferred: bool = False
 
 
 class Policy:
@@ -58,19 +64,22 @@ class Policy:
     def decide(self, update: int, skipped: bool, end_of_epoch: bool, epoch: int,
                signals: StepSignals) -> Decision:
         cfg = self.cfg
-        stop = bool((cfg.max_update and update >= cfg.max_update) or signals.time_up
-                    or signals.interrupted
-                    or (end_of_epoch and cfg.max_epoch and epoch >= cfg.max_epoch))
+        # What the schedule does here (as if no signal had come) ...
+        end = bool((cfg.max_update and update >= cfg.max_update) or signals.time_up
+                   or (end_of_epoch and cfg.max_epoch and epoch >= cfg.max_epoch))
         by_updates = bool(cfg.save_interval_updates and not skipped
                           and update % cfg.save_interval_updates == 0)
         by_epoch = end_of_epoch and not cfg.save_interval_updates and not cfg.save_interval_minutes
-        save = by_updates or signals.save_now or by_epoch or stop
-        # Stopping on a signal: save at once, no validation (a scheduler's grace period
-        # before SIGKILL is short).
-        due = save or bool(self.valid_every and not skipped and update % self.valid_every == 0)
-        early = update < cfg.validate_after_updates and not stop
-        validate = not signals.interrupted and due and not early
-        return Decision(validate=validate, save=save, stop=stop)
+        scheduled = by_updates or signals.save_now or by_epoch or end
+        due = scheduled or bool(self.valid_every and not skipped
+                                and update % self.valid_every == 0)
+        validate = due and not (update < cfg.validate_after_updates and not end)
+        if not signals.interrupted:
+            return Decision(validate=validate, save=scheduled, stop=end)
+        # ... and on a signal: save at once, validate nothing (a scheduler's grace period
+        # before SIGKILL is short); the resumed run validates where the schedule did.
+        return Decision(validate=False, save=True, stop=True, numbered=scheduled,
+                        deferred=validate)
 
     def saved(self) -> None:
         self.last_save = self.clock()

@@ -32,11 +32,13 @@ log = logging.getLogger("nmt.train")
 
 def training_state(cfg, trainer, selection, rng_states: list[dict[str, Any]], epoch: int,
                    epoch_batches_done: int, sampler_signature: Any,
-                   valid: dict[str, Any] | None) -> dict[str, Any]:
+                   valid: dict[str, Any] | None, deferred: dict | None = None
+                   ) -> dict[str, Any]:
     """The training keys of a checkpoint: the run's options (a TrainConfig), the trainer's
     optimizer/scheduler/scaler, every rank's RNGs, the data position (the next batch of
     ``epoch``, valid for the batching ``sampler_signature`` describes), the checkpoint
-    selection and the validation at this save."""
+    selection and the validation at this save (``deferred``: the one a signal's stop left to
+    the resumed run, ``{"judge": True}`` when it counts as a save's)."""
     return {
         "train_config": dataclasses.asdict(cfg),
         **trainer.state_dict(),
@@ -46,8 +48,26 @@ def training_state(cfg, trainer, selection, rng_states: list[dict[str, Any]], ep
                      "sampler": sampler_signature,
                      "best_loss": selection.best if selection.metric == "loss" else None,
                      "selection": selection.state_dict(),
-                     "valid": valid or {}},
+                     "valid": valid or {},
+                     **({"deferred": deferred} if deferred else {})},
     }
+
+
+def run_checkpoint(run, rng_states: list[dict[str, Any]], valid: dict[str, Any] | None,
+                   deferred: dict | None = None) -> dict:
+    """The checkpoint ``run`` (nmt.training.loop.Run) saves now: model, codecs and
+    :func:`training_state`."""
+    from nmt.checkpoint import make_checkpoint
+    from nmt.tasks.task import data_task
+
+    training = training_state(run.cfg, run.trainer, run.selection, rng_states, run.epoch,
+                              run.epoch_batches_done, run.sampler.signature(), valid, deferred)
+    data = run.data
+    return make_checkpoint(
+        model_config=run.model_cfg, model_state=run.model.state_dict(),
+        share_all_embeddings=run.share, src_codec=data.src_codec, tgt_codec=data.tgt_codec,
+        src_lang=data.src_lang, tgt_lang=data.tgt_lang, data_dir=str(run.data_dir),
+        task=data_task(data).name, training=training)
 
 
 def resume_point(save_dir, resume: bool, device, is_main: bool) -> tuple[Path, dict] | None:

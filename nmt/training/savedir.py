@@ -130,9 +130,14 @@ class SaveDir:
                 f"command resumes from it")
 
     def write(self, ckpt: Mapping[str, Any], update: int, is_best: bool,
-              keep_last: int, keep: Iterable[int] = ()) -> Path:
+              keep_last: int, keep: Iterable[int] = (), numbered: bool = True) -> Path:
         """Save checkpoint_<update>.pt, point the last (and best) links at it, and prune
-        numbered checkpoints beyond the ``keep_last`` newest, except the updates in ``keep``."""
+        numbered checkpoints beyond the ``keep_last`` newest, except the updates in ``keep``.
+        ``numbered`` False: only checkpoint_last.pt, a point to resume from (a signal's stop
+        off the schedule), which pruning and averaging never count."""
+        if not numbered:
+            self.check_unmoved(f"{LAST} was not written")
+            return ckpt_io.save_checkpoint(ckpt, self.last)
         lost = f"checkpoint_{update}.pt was not written"
         self.check_unmoved(lost)
         try:
