@@ -4,6 +4,9 @@ checkpoint, and averaging checkpoints of different vocabularies."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import pytest
 import torch
 
@@ -144,3 +147,24 @@ def test_a_signal_off_the_schedule_saves_no_numbered_checkpoint(tmp_path, monkey
     assert [p.rsplit("/", 1)[1] for p in b["averaged_from"]] == ["checkpoint_6.pt",
                                                                  "checkpoint_8.pt"]
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_ensemble_listings_never_name_a_missing_or_another_runs_checkpoint(tmp_path):
+    """A run resumed without --ensemble-best prunes what the listing named: the listing goes.
+    --no-resume moves a listing aside with its checkpoints, and it names them there."""
+    first = cfg(tmp_path / "a", max_update=4, ensemble_best=2, keep_last=1)
+    train(first, FakeData(n_train=40), "fake")
+    listing = tmp_path / "a" / "ensemble_best2.txt"
+    assert all(p and (tmp_path / "a" / p.rsplit("/", 1)[1]).exists()
+               for p in listing.read_text().splitlines())
+    train(cfg(tmp_path / "a", max_update=8, keep_last=1), FakeData(n_train=40), "fake")
+    assert not listing.exists()
+
+    train(dataclasses.replace(first, save_dir=str(tmp_path / "b")), FakeData(n_train=40),
+          "fake")
+    train(cfg(tmp_path / "b", max_update=2, resume=False, seed=7), FakeData(n_train=40),
+          "fake")
+    moved = next((tmp_path / "b").glob("previous-*"))
+    names = (moved / "ensemble_best2.txt").read_text().splitlines()
+    assert names and all(n.startswith(str(moved.resolve())) and os.path.exists(n)
+                         for n in names)

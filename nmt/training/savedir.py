@@ -150,10 +150,26 @@ class SaveDir:
             raise
         self.check_unmoved(f"checkpoint_{update}.pt was saved, but nothing was pruned")
         protected = set(keep)
+        pruned = False
         for old in self.numbered()[:-max(keep_last, 1)]:
             if checkpoint_update(old) not in protected:
                 old.unlink(missing_ok=True)
+                pruned = True
+        if pruned:
+            self._drop_stale_listings()
         return path
+
+    def _drop_stale_listings(self) -> None:
+        """Remove an ensemble_best<N>.txt that names a checkpoint no longer here (pruned by a
+        run resumed without --ensemble-best): a listing is true or absent."""
+        for listing in self.path.glob("ensemble_best*.txt"):
+            try:
+                names = listing.read_text(encoding="utf-8").split("\n")
+            except OSError:
+                continue
+            if any(n and not Path(n).exists() for n in names):
+                listing.unlink(missing_ok=True)
+                log.info("removed %s: a checkpoint it named was pruned", listing.name)
 
     def relink(self, path: Path, best: bool) -> None:
         """Point the last (and, when ``best``, the best) link at ``path``."""
@@ -221,6 +237,13 @@ class SaveDir:
             dest.mkdir()
             for p in old:
                 os.replace(p, dest / p.name)
+            # the moved listings name the moved checkpoints (not the new run's at the old paths)
+            here = str(self.path.resolve())
+            for listing in dest.glob("ensemble_best*.txt"):
+                lines = listing.read_text(encoding="utf-8").splitlines()
+                listing.write_text("".join(str(dest.resolve() / Path(x).name) + "\n"
+                                           if str(Path(x).parent) == here else x + "\n"
+                                           for x in lines), encoding="utf-8")
         except OSError as e:
             raise NmtError(f"{self.path}: cannot move the previous run's files into {dest} "
                            f"({e.strerror or e})") from None
