@@ -263,3 +263,15 @@ def test_jsonl_lines_stay_one_line_and_lone_surrogates_are_refused(ckpt, tmp_pat
     bad = write(tmp_path / "bad.jsonl", ['{"source": "w1"}', '{"source": "w2 \\ud800"}'])
     one_line_error(gen(ckpt, "-i", bad, "--input-format", "jsonl", ok=False),
                    "bad.jsonl: line 2", "lone surrogate (\\ud800)")
+
+
+def test_a_constraint_that_cannot_be_spelled_stops_the_run_before_any_output(ckpt, tmp_path):
+    """Checked for the whole jsonl file once the model is loaded, not chunk by chunk: the
+    error names the file and line, and nothing is written (no journal for a rerun that could
+    never get past it)."""
+    src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w2"}),
+                                        json.dumps({"source": "w1", "constraints": ["zzz"]})])
+    out = tmp_path / "out.txt"
+    r = gen(ckpt, "-i", src, "--input-format", "jsonl", "--buffer-size", 1, "-o", out, ok=False)
+    one_line_error(r, "in.jsonl: line 2: constraint 1 ('zzz') cannot be spelled")
+    assert list(tmp_path.iterdir()) == [src]

@@ -104,3 +104,31 @@ def test_bad_worker_counts_are_refused(f):
     r = _run(f, "--workers", "0", ok=False)
     error_line("nmt-generate", r.returncode, r.stderr.decode(), "--workers must be >= 1, got 0")
     assert r.returncode == 2 and r.stdout == b""
+
+
+def test_workers_answer_a_stream_line_by_line(f, tmp_path):
+    """A caller that writes one line to stdin and waits gets its translation while stdin
+    stays open, as with one process (the workers must not wait for more input first)."""
+    import select
+
+    lines = ["w1 w2 w3", "w4 w5", "w6"]
+    src = tmp_path / "three.txt"
+    src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    want = subprocess.run([*GENERATE, f["ckpt"], "-i", src, "-q"], capture_output=True,
+                          env=ENV, text=True, timeout=120).stdout.splitlines()
+    p = subprocess.Popen([*GENERATE, f["ckpt"], "--workers", "2", "-q"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True,
+                         bufsize=1)
+    try:
+        got = []
+        for line in lines:
+            p.stdin.write(line + "\n")
+            p.stdin.flush()
+            ready, _, _ = select.select([p.stdout], [], [], 60)
+            assert ready, f"no answer to {line!r} within 60 s while stdin stays open"
+            got.append(p.stdout.readline().rstrip("\n"))
+        p.stdin.close()
+        assert p.wait(60) == 0, p.stderr.read()
+    finally:
+        p.kill()
+    assert got == want

@@ -22,12 +22,13 @@ from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
                             read_path_from_stdin, setup_runtime, signals_deferred,
                             stop_on_signals)
 from nmt.cli.generate_config import GenerateConfig
+from nmt.cli.generate_input import check_constraints
 from nmt.cli.generate_modes import (build_translator, format_result, score_reference,
                                    translate_chunk)
 from nmt.cli.generate_shards import Shard, finish, rank_named, torchrun_shard
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError, UsageError
-from nmt.io import LineWriter, atomic_write
+from nmt.io import LineWriter, atomic_write, is_regular_file
 
 log = logging.getLogger("nmt.generate")
 
@@ -203,6 +204,9 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
         return None, (workers, spec)
     translator = build_translator(sources, cfg, device, precision)
     _log_decoding(translator, cfg, precision)
+    if (cfg.input_format == "jsonl" and cfg.input_path not in (None, "-")
+            and is_regular_file(cfg.input_path)):
+        check_constraints(cfg.input_path, translator, cfg.buffer_size)
     return translator, None
 
 
@@ -262,8 +266,6 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
     FILE, translating an --input that is a regular file; else None. Under torchrun, this
     rank's shard (nmt.cli.generate_shards). Refuses a rerun that differs from the
     interrupted one (another world size too) before anything is loaded."""
-    from nmt.io import is_regular_file
-
     if (cfg.output_path in (None, "-") or split is not None or cfg.score_reference
             or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)
             or is_stream(cfg.output_path)):

@@ -61,6 +61,30 @@ def check_input(path: str, chunk_lines: int, jsonl: bool) -> int:
     return n
 
 
+def check_constraints(path: str, translator, chunk_lines: int) -> None:
+    """Before anything is written: every lexical constraint of a jsonl --input file can be
+    spelled and fits its line's length limit (the checks the Translator makes per chunk, which
+    would otherwise stop a long run midway, on a line a rerun cannot get past)."""
+    from nmt.io import iter_line_chunks
+    from nmt.search.lexical import check_room, encode_constraints, refuse_with
+    from nmt.search.requests import parse_requests
+
+    t, n, checked = translator, 0, False
+    for chunk, _ in iter_line_chunks(path, chunk_lines):
+        for i, r in enumerate(parse_requests(chunk, n + 1, path)):
+            if not r.constraints:
+                continue
+            if not checked:
+                refuse_with(t.search, t.sampling is not None, t.constraints is not None)
+                checked = True
+            where = f"{path}: line {n + 1 + i}"
+            ids = encode_constraints(t.tgt_codec, r.constraints, where)
+            source = min(len(t.src_codec.encode(r.source)), t.max_source_len)
+            prefix = len(t.tgt_codec.encode(r.prefix)) if r.prefix else 0
+            check_room(ids, prefix, source, t.search, t.ensemble.max_positions, where)
+        n += len(chunk)
+
+
 def _stdin_chunks(max_lines: int) -> Iterator[list[str]]:
     from nmt.io import iter_lines, stream_batches
 

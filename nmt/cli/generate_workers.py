@@ -135,11 +135,18 @@ class WorkerPool:
         done: dict[int, tuple[list[str], int]] = {}
         sent = out = 0
         first = first_line
-        chunks = iter(chunks)
+        feed = _read_ahead(chunks, IN_FLIGHT * n)
         exhausted = False
         while True:
             while not exhausted and sent - out < IN_FLIGHT * n:
-                item = next(chunks, None)
+                # Wait for input only when no chunk is out: a stream's translations must not
+                # wait for its next line (a caller writes a line and waits for the answer).
+                try:
+                    item = feed.get(block=sent == out)
+                except queue.Empty:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
                 if item is None:
                     exhausted = True
                     break
@@ -161,6 +168,25 @@ class WorkerPool:
                 first_line += lines
                 yield texts, lines, tokens, (first_line - 1, offset)
                 out += 1
+
+
+def _read_ahead(chunks: Iterator, size: int) -> "queue.Queue":
+    """The chunks, read on a thread into a queue of at most ``size`` (then None; or the
+    exception that reading raised)."""
+    import threading
+
+    feed: queue.Queue = queue.Queue(maxsize=size)
+
+    def read() -> None:
+        try:
+            for item in chunks:
+                feed.put(item)
+            feed.put(None)
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread
+            feed.put(e)
+
+    threading.Thread(target=read, name="nmt-generate-input", daemon=True).start()
+    return feed
 
 
 def worker_threads(threads: int | None, workers: int) -> int:
