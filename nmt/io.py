@@ -206,6 +206,7 @@ def install_directory(tmp: Path, dest: Path, what: str, fsync_files: bool = Fals
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
     fsync_dir(tmp)
+    old = None
     try:
         if dest.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
@@ -215,7 +216,15 @@ def install_directory(tmp: Path, dest: Path, what: str, fsync_files: bool = Fals
         else:
             os.replace(tmp, dest)
     except OSError as e:
-        raise NmtError(f"{dest}: cannot install the {what} ({e.strerror or e})") from None
+        where = ""
+        if old is not None and (old / dest.name).exists() and not dest.exists():
+            try:                                   # put the old one back where it was
+                os.replace(old / dest.name, dest)
+                shutil.rmtree(old, ignore_errors=True)
+            except OSError:
+                where = f"; the previous one is in {old / dest.name}"
+        raise NmtError(f"{dest}: cannot install the {what} ({e.strerror or e}){where}"
+                       ) from None
     fsync_dir(dest.parent)
 
 

@@ -313,3 +313,29 @@ def test_console_script_pipeline_output(corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"{tmp_path / 'd'}\n"
     assert "train" in proc.stderr and "400" in proc.stderr
+
+
+def test_a_failed_install_puts_the_old_directory_back(tmp_path, monkeypatch):
+    """If the new directory cannot be renamed into place, the one it replaces is restored."""
+    import os
+
+    from nmt.errors import NmtError
+    from nmt.io import install_directory
+
+    dest, new = tmp_path / "bin", tmp_path / ".bin.tmp"
+    dest.mkdir()
+    (dest / "meta.json").write_text("old")
+    new.mkdir()
+    (new / "meta.json").write_text("new")
+    real = os.replace
+
+    def refuse_the_new(src, dst):
+        if str(src) == str(new):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse_the_new)
+    with pytest.raises(NmtError, match="cannot install the data directory"):
+        install_directory(new, dest, "data directory")
+    assert (dest / "meta.json").read_text() == "old"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bin.old")]

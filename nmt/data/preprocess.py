@@ -537,6 +537,9 @@ def _report_split(cfg: PreprocessConfig, st: SplitStats, prefix: str, seconds: f
         log.info("%s: %d of %d pairs kept in %.1fs", name, st.kept, st.lines, seconds)
     if name == "train" and st.lines == 0:
         raise NmtError(f"training set {prefix}.{{{cfg.source_lang},{cfg.target_lang}}} is empty")
+    if st.lines == 0:
+        log.warning("%s: %s.{%s,%s} is empty: the split has no sentences", name, prefix,
+                    cfg.source_lang, cfg.target_lang)
     if name == "train" and st.kept == 0:
         over = (f"over the {cfg.bpe_dropout_copies} sampled copies: " if st.bpe_dropout
                 else "")
