@@ -290,6 +290,7 @@ def test_second_signal_stops_at_once(tmp_path, monkeypatch):
               "fake")
     assert assert_every_checkpoint_is_intact(tmp_path) == [
         "checkpoint_2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert e.value.exit_code == 128 + signal.SIGTERM
     # The message names what a rerun resumes from (issue 16).
     assert str(e.value) == (f"stopped at once by a second SIGTERM; {tmp_path / 'checkpoint_2.pt'}"
                             f" is intact (checkpoints are written atomically): the same command "

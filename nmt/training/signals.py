@@ -50,8 +50,10 @@ class SignalCatcher:
                 detail = self.intact() if self.intact is not None else ""
             except Exception:  # noqa: BLE001 - never fail while stopping
                 detail = ""
-            raise StoppedAtOnce(f"stopped at once by a second {what}" +
-                                (f"; {detail}" if detail else ""))
+            stop = StoppedAtOnce(f"stopped at once by a second {what}" +
+                                 (f"; {detail}" if detail else ""))
+            stop.exit_code = 128 + signum         # 143 for SIGTERM, as the first one's
+            raise stop
         self.received = signum
 
     def __enter__(self) -> "SignalCatcher":
