@@ -175,7 +175,10 @@ def check_pipeline_described(src_codec, tgt_codec, name: str = "checkpoint") -> 
     for side, codec in (("source", src_codec), ("target", tgt_codec)):
         what = ([f"{codec.kind} subwords"] if codec.kind in ("subword_nmt",
                                                              "fairseq_sentencepiece") else []
-                ) + (["fairseq's Moses settings"] if codec.moses_options else [])
+                ) + (["fairseq's Moses settings"] if codec.moses_options else []
+                ) + (["a Marian (OPUS-MT) tokenizer's language codes and <unk> handling; "
+                      "CTranslate2's own ct2-transformers-converter converts the original "
+                      "model"] if codec.subword.to_state().get("lookup") else [])
         if what:
             raise NmtError(f"{name}: cannot export to CTranslate2 yet: nmt-export does not "
                            f"write out its {side} text pipeline ({' and '.join(what)}); "
@@ -344,7 +347,20 @@ def _check_destination(out: str | os.PathLike, force: bool,
             raise NmtError(f"{dest}: exists and is not a directory")
         if any(dest.iterdir()) and not force:
             raise NmtError(f"{dest}: exists and is not empty (use --force to replace it)")
+        if any(dest.iterdir()) and not _is_export(dest):
+            raise NmtError(f"{dest}: is not a model directory nmt-export wrote (no "
+                           f"nmt_export.json, nor config.json with its weights), and --force "
+                           f"replaces only one; give another directory, or remove it yourself")
+        if dest.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+            raise NmtError(f"{dest}: is the current directory or one above it, which --force "
+                           f"would replace; give another directory")
     return dest
+
+
+def _is_export(d: Path) -> bool:
+    """A directory nmt-export wrote: CTranslate2's (nmt_export.json) or a Marian one."""
+    return (d / "nmt_export.json").is_file() or ((d / "config.json").is_file() and any(
+        (d / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")))
 
 
 # --- README.txt and translate.py: templates in nmt/resources/export ---------------------------

@@ -717,6 +717,12 @@ def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     again = subprocess.run(["bash", script, "--tiny", "", str(tmp_path)], capture_output=True,
                            text=True, env=ENV, timeout=60)
     assert again.returncode == 0 and again.stderr.count("already complete, skipping") == 6
+    # another --max-update: the steps from training on run again, the ones before do not
+    other = subprocess.run(["bash", script, "--tiny", "--max-update", "3", "", str(tmp_path)],
+                           capture_output=True, text=True, env=ENV, timeout=240)
+    assert other.returncode == 0, other.stderr
+    assert other.stderr.count("already complete, skipping") == 2
+    assert "train: its settings changed since it ran" in other.stderr
     # Validation by bracket F1 reads <source_path>.gold: prepare.py's gold trees.
     import json
     meta = json.loads((tmp_path / "data-bin" / "meta.json").read_text())
@@ -829,3 +835,20 @@ def test_parsing_run_sh_needs_a_treebank(tmp_path):
     p = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, env=ENV,
                        timeout=60)
     assert p.returncode == 0 and "--sample" in p.stdout and "0170-0179" in p.stdout
+
+
+def test_multi30k_a_shorter_max_update_than_the_finished_run_is_refused(tmp_path):
+    """A larger --max-update resumes the run in the work dir; a smaller one would train
+    nothing and report the longer run's results as its own: refused in one line. A work
+    folder that is a file is a one-line error too, not a traceback."""
+    args = ("--tiny", "--stages", "data,preprocess,train", "--work-dir", tmp_path)
+    run_example("multi30k/run.py", *args)
+    p = run_example("multi30k/run.py", *args, "--max-update", 3, check=False)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 1 and last.startswith("multi30k/run.py: error: "), p.stderr
+    assert "holds a run at update 6, past --max-update 3" in last
+    (tmp_path / "afile").write_text("x")
+    p = run_example("multi30k/run.py", "--tiny", "--work-dir", tmp_path / "afile", check=False)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 1 and last.startswith("multi30k/run.py: error: "), p.stderr
+    assert "Traceback" not in p.stderr

@@ -346,6 +346,10 @@ def test_cli_bad_input_is_one_line(ckpt_file, tmp_path):
     assert code == 1 and out == ""
     assert "exists and is not empty (use --force to replace it)" in one_line(err)
     assert os.listdir(busy) == ["keep.txt"]
+    # --force replaces only a model directory nmt-export wrote, never the user's files
+    code, out, err = invoke([ckpt_file, busy, "--force"])
+    assert code == 1 and "is not a model directory nmt-export wrote" in one_line(err)
+    assert os.listdir(busy) == ["keep.txt"]
 
     code, out, err = invoke([ckpt_file, tmp_path, "--force"])       # where the checkpoint is
     assert code == 1 and "holds the checkpoint" in one_line(err) and ckpt_file.is_file()

@@ -480,3 +480,15 @@ def test_null_generation_settings_are_transformers_defaults(marian, tmp_path):
     cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "m.pt")
     cfg = load_checkpoint(tmp_path / "m.pt")["model_config"]
     assert (cfg["beam"], cfg["max_len_a"], cfg["max_len_b"]) == (1, 0.0, 18)
+
+
+def test_an_imported_marian_model_is_not_exported_to_ctranslate2(imported, tmp_path):
+    """Its tokenizer keeps >>xx<< language codes whole and drops <unk>; the CTranslate2
+    directory's translate.py would not: refused, naming the converter that does it right."""
+    pytest.importorskip("ctranslate2")
+    from nmt.cli.export import main as export_main
+
+    r = CliRunner().invoke(export_main, [str(imported), str(tmp_path / "ct2")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "Marian (OPUS-MT) tokenizer" in r.stderr and "ct2-transformers-converter" in r.stderr
+    assert not (tmp_path / "ct2").exists()

@@ -91,7 +91,7 @@ def download(url: str, dest: Path, retries: int = 5, timeout: float = 60.0) -> N
         log.warning("%s: attempt %d/%d failed (%s); resuming", dest.name, attempt, retries, err)
         time.sleep(min(30, 2 ** attempt))
     raise NmtError(f"cannot download {url} after {retries} attempts: {err}; run again to resume, "
-                   f"or download it yourself and pass its folder with --data-dir")
+                   f"or download it yourself and give the recipe its folder (see its --help)")
 
 
 def _announced_total(resp, have: int) -> int | None:

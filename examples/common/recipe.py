@@ -262,6 +262,11 @@ def run_main(prog: str, body: Callable[[], None]) -> None:
     except NmtError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         raise SystemExit(e.exit_code) from None
+    except (OSError, UnicodeError) as e:        # a folder that is a file, a text not UTF-8
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())
+        sys.stderr.write(f"{prog}: error: {where}{reason}\n")
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted (run it again to resume)\n")
         raise SystemExit(130) from None

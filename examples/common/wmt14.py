@@ -174,7 +174,7 @@ def data_stage(r: Recipe, spec: PairSpec, data_dir: Path | None, jobs: int, tiny
         outs = [orig / m for m in members]
         r.step(f"extract-{name}", outs, lambda dest=dest, members=members:
                _extract(r, dest, members, orig, spec),
-               params={"members": members},
+               params={"members": members}, inputs=[dest],
                describe=f"read all of {name} (integrity), extract {', '.join(members)}",
                python=True)
 

@@ -202,7 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "averaged), beam search, sacreBLEU. Resumable: run it again after an "
                     "interruption.")
     ap.add_argument("multi30k_dir", nargs="?", type=Path,
-                    default=os.environ.get("NMT_MULTI30K_DIR"),
+                    default=os.environ.get("NMT_MULTI30K_DIR") or None,   # (empty: unset)
                     help="folder with the raw Multi30k files train/val/test_2016_flickr "
                          ".en/.de/.fr (or their .gz); downloaded from github.com/multi30k/dataset "
                          "when omitted (default: $NMT_MULTI30K_DIR)")
@@ -387,6 +387,25 @@ def finished_elsewhere(save_dir: Path):
     return refuse
 
 
+def not_past(save_dir: Path, max_update: int):
+    """For Recipe.step(on_stale=...): a changed training command resumes the run in SAVE_DIR
+    (a larger --max-update continues it exactly); refuse when that run is already past
+    ``max_update``: nmt-train would train nothing, and its longer run's results would be
+    reported as this command's."""
+    def refuse() -> None:
+        last = save_dir / "checkpoint_last.pt"
+        if not last.exists():
+            return
+        from nmt.checkpoint import load_checkpoint
+
+        done = load_checkpoint(last, mmap=True).get("progress", {}).get("update", 0)
+        if done > max_update:
+            raise NmtError(f"{save_dir} holds a run at update {done}, past --max-update "
+                           f"{max_update}; delete that folder to train {max_update} updates, "
+                           f"or use another --work-dir")
+    return refuse
+
+
 def teacher_name(args) -> str:
     """The teacher's run name in the work dir: its recipe's (tiny-RECIPE with --tiny), or with
     --teacher-checkpoint "given-" and a digest of the checkpoints' resolved paths, in order."""
@@ -518,7 +537,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd = train_command(args, data_bin, save_dir, threads, args.recipe, args.max_update)
             r.step(f"train-{run}", [model], lambda: r.sh(cmd), inputs=[data_bin],
                    params={"cmd": cmd},
-                   on_stale=finished_elsewhere(save_dir) if rec.teacher else None,
+                   on_stale=(finished_elsewhere(save_dir) if rec.teacher else not_past(
+                       save_dir, args.max_update or (6 if args.tiny else rec.max_update))),
                    describe="train; resumes from checkpoint_last.pt after an interruption")
         beam, lenpen = rec.beam, rec.lenpen
         grid = TINY_TUNE if args.tiny else rec.tune

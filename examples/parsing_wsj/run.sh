@@ -12,7 +12,7 @@
 # Options:
 #   --gpus N        GPUs on this machine (N > 1 launches torchrun)          [1]
 #   --max-update N  training updates (not given in the paper; see README)
-#                   [$MAX_UPDATE, else 30000; --sample: 6250]
+#                   [$MAX_UPDATE, else 30000; --sample: 6250; --tiny: 6]
 #   --dry-run       print the commands instead of running them
 #   --sample        PTB_SAMPLE_DIR is the free NLTK sample (wsj_0001.mrg .. wsj_0179.mrg): train
 #                   0001-0159, valid 0160-0169, test 0170-0179; the words seen twice or more
@@ -74,7 +74,7 @@ if [ "$tiny" = 1 ]; then
   treebank="${args[0]:-$repo/tests/fixtures/parsing/mini}"
   work="${args[1]:-parsing_wsj_tiny}"
   splits=(--split train=0001-0003 --split valid=0001-0003 --split test=0001-0003)
-  arch=transformer_tiny; max_update=6; warmup=4
+  arch=transformer_tiny; max_update="${max_update:-6}"; warmup=4
   vocab_opts=(--vocab-size 16000)
   model_opts=(-o dropout=0.2 -o attention_dropout=0.2)
   train_opts=(--max-tokens 512 --save-interval-updates 2 --keep-last 1 --device cpu --threads 1)
@@ -165,15 +165,31 @@ step() {
     echo
     return
   fi
-  if [ -e "$work/.done/$name" ]; then echo "$name: already complete, skipping" >&2; return; fi
+  # A step is done when its marker records this very command (paths of this checkout and the
+  # way nmt is invoked left out); a step run again makes every later step run again. A
+  # marker written before commands were recorded (one line) counts as this command.
+  local sig
+  sig="$(printf '%q ' "$@" | sed -e "s|python3 $(printf '%q' "$repo")/bin/nmt-|nmt-|g" \
+         -e "s|$(printf '%q' "$repo")|REPO|g")"
+  if [ "$redo_rest" = 0 ] && [ -e "$work/.done/$name" ]; then
+    local recorded
+    recorded="$(sed -n 2p "$work/.done/$name")"
+    if [ -z "$recorded" ] || [ "$recorded" = "$sig" ]; then
+      echo "$name: already complete, skipping" >&2; return
+    fi
+    echo "$name: its settings changed since it ran: running it and every later step again" >&2
+  fi
+  redo_rest=1
   echo "\$ $*${dest:+ > $dest}" >&2
   if [ -n "$errlog" ]; then
     "$@" > "$dest.tmp" 2> "$errlog.tmp" || { cat "$errlog.tmp" >&2; return 1; }
     cat "$errlog.tmp" >&2; mv "$errlog.tmp" "$errlog"; mv "$dest.tmp" "$dest"
   elif [ -n "$dest" ]; then "$@" > "$dest.tmp"; mv "$dest.tmp" "$dest"; else "$@"; fi
   mkdir -p "$work/.done"
-  date -u +%FT%TZ > "$work/.done/.$name.tmp" && mv "$work/.done/.$name.tmp" "$work/.done/$name"
+  { date -u +%FT%TZ; echo "$sig"; } > "$work/.done/.$name.tmp" &&
+    mv "$work/.done/.$name.tmp" "$work/.done/$name"
 }
+redo_rest=0
 # The nmt-* console scripts, or bin/ of this checkout when they are not installed.
 if command -v nmt-train >/dev/null 2>&1; then
   preprocess=(nmt-preprocess); train=(nmt-train); generate=(nmt-generate); score=(nmt-score)

@@ -146,7 +146,7 @@ class Run:
         if self.selection.out_of_patience(self.cfg.patience):
             done = self.stopped_early = True
         if done and self.is_main:
-            log.info("already at update %d: nothing to train", self.trainer.num_updates)
+            report.already_done(self.trainer.num_updates, self.cfg.max_update)
         return done
 
     def _train_epoch(self) -> bool:

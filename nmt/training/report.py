@@ -107,6 +107,16 @@ def account(run, stats) -> None:
                        (run.jsonl, run.tensorboard))
 
 
+def already_done(update: int, max_update: int) -> None:
+    """A resumed run with nothing left to train; a warning when its checkpoint is past
+    --max-update (its model is a longer run's, not what this command asks for)."""
+    if max_update and update > max_update:
+        log.warning("already at update %d, past --max-update %d: nothing to train, and the "
+                    "model is the longer run's (--no-resume starts afresh)", update, max_update)
+    else:
+        log.info("already at update %d: nothing to train", update)
+
+
 def best(jsonl, update: int, metric: str, value: float) -> None:
     """Record that the save of ``update`` is now checkpoint_best.pt (curves.png marks it)."""
     jsonl.write({"kind": "best", "update": update, "metric": metric, "value": value})
