@@ -852,3 +852,14 @@ def test_multi30k_a_shorter_max_update_than_the_finished_run_is_refused(tmp_path
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and last.startswith("multi30k/run.py: error: "), p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_multi30k_stages_without_tune_decode_with_the_tuned_pair(tmp_path):
+    """--stages generate,score after a full run: the beam and alpha the tune stage chose on
+    val, not the recipe's defaults (the test decode is not redone with other settings)."""
+    args = ("--tiny", "--recipe", "literature-lc", "--work-dir", tmp_path)
+    run_example("multi30k/run.py", *args)
+    best = json.loads((tmp_path / "results-tiny" / "tuning.json").read_text())["best"]
+    again = run_example("multi30k/run.py", *args, "--stages", "generate,score")
+    assert f"beam {best['beam']}, alpha {best['alpha']:g}: chosen on val" in again.stderr
+    assert "generate-tiny: already complete, skipping" in again.stderr

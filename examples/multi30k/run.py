@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import fetch  # noqa: E402
-from common.recipe import REPO_ROOT, Recipe, run_main, setup_logging  # noqa: E402
+from common.recipe import REPO_ROOT, Recipe, log, run_main, setup_logging  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.io import atomic_write  # noqa: E402
 
@@ -387,6 +387,16 @@ def finished_elsewhere(save_dir: Path):
     return refuse
 
 
+def drop_partial(output: Path) -> None:
+    """For Recipe.step(on_stale=...) of a decoding step whose command changed: remove what an
+    interrupted run of the old command left beside OUTPUT (nmt-generate refuses to resume it
+    with another command), so that the new one starts afresh."""
+    from nmt.cli.generate_resume import JOURNAL, PARTIAL
+
+    for suffix in (JOURNAL, PARTIAL):
+        output.with_name(output.name + suffix).unlink(missing_ok=True)
+
+
 def not_past(save_dir: Path, max_update: int):
     """For Recipe.step(on_stale=...): a changed training command resumes the run in SAVE_DIR
     (a larger --max-update continues it exactly); refuse when that run is already past
@@ -545,6 +555,12 @@ def main(argv: list[str] | None = None) -> None:
         if "tune" in stages and grid:
             beam, lenpen = tune(r, grid, (rec.beam, rec.lenpen), [model], raw, results, tgt,
                                 threads, text)
+        elif grid and (results / "tuning.json").exists() and not r.dry_run:
+            # --stages without tune: the pair an earlier tune stage chose, not the defaults
+            best = json.loads((results / "tuning.json").read_text())["best"]
+            beam, lenpen = int(best["beam"]), float(best["alpha"])
+            log.info("beam %d, alpha %g: chosen on val by the tune stage (%s)", beam, lenpen,
+                     results / "tuning.json")
         if "generate" in stages:
             cmd = ["nmt-generate", model, "--input", text / "test_2016_flickr.en",
                    "--output", hyp, "--beam", beam, "--lenpen", lenpen, "--max-len-a", 1,
@@ -555,6 +571,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.mkdir(parents=True, exist_ok=True)
                 r.sh(cmd)
             r.step(f"generate-{run}", [hyp], generate, inputs=[model], params={"cmd": cmd},
+                   on_stale=lambda: drop_partial(hyp),
                    describe=f"beam {beam}, alpha {lenpen}, max length source + 50")
         if "score" in stages:
             cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
