@@ -815,7 +815,7 @@ def test_parsing_run_sh_help_is_the_whole_header():
     # every option, and the header's last line; no code after it
     for opt in ("--gpus N", "--max-update N", "--sample", "--tiny", "--train-sentences N"):
         assert opt in p.stdout, opt
-    assert p.stdout.rstrip().endswith("(training resumes from checkpoint_last.pt).")
+    assert p.stdout.rstrip().endswith("and otherwise runs it and every later step again.")
     assert "set -euo" not in p.stdout
 
 

@@ -20,7 +20,7 @@
 #                   cosine learning-rate cycles of 750 updates after the warm-up,
 #                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
 #                   the test as an ensemble (alpha 1.0); 6,250 updates (about 95 minutes on 2
-#                   CPU threads at 0.92 updates/s). Test decoded with and without tree
+#                   CPU threads at 1.09 updates/s, 2.3 h at 0.75). Test decoded with and without tree
 #                   constraints (README: "The treebank sample on a CPU"). WORK_DIR default
 #                   ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
@@ -28,8 +28,9 @@
 #   --train-sentences N  train on the first N training sentences only (a learning curve:
 #                   one WORK_DIR per N; examples/parsing_wsj/learning_curve.py draws it)
 #
-# Each step leaves WORK_DIR/.done/STEP when it finished and is skipped on the next run, so an
-# interrupted run resumes where it stopped (training resumes from checkpoint_last.pt).
+# Each step leaves WORK_DIR/.done/STEP, recording its command, when it finished: the next run
+# skips it if the command is the same (an interrupted run resumes where it stopped; training
+# from checkpoint_last.pt), and otherwise runs it and every later step again.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -107,7 +108,7 @@ elif [ "$sample" = 1 ]; then
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
   # A fixed 6,250 updates (the end of the 7th cosine cycle below), not a time cap: the same
   # model on every machine, fast or slow (a 105-minute cap ended runs after 4,750 to 6,900);
-  # about 95 minutes at 0.92 updates/s, longer on slower machines.
+  # about 95 minutes at 1.09 updates/s, longer on slower machines.
   # No validation before update 1000: an untrained model decodes every sentence to the length
   # limit (2-3 minutes per validation, for F1 near 0).
   # --lr-period 750: after the warm-up the learning rate runs in cosine cycles of 750 updates

@@ -42,7 +42,8 @@ PRECISION_NAMES = {"fp32": "float32", "int8": "int8"}
 @click.option("--precision", type=click.Choice(list(PRECISION_NAMES)), default=None,
               help="The same in nmt-generate's words: fp32 is --quantization float32, int8 "
                    "is --quantization int8.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists and is not empty.")
+@click.option("--force", is_flag=True, help="Replace OUT if it is a model directory nmt-export wrote (any other "
+                   "non-empty directory is refused).")
 @log_options
 @handle_errors("nmt-export")
 def main(checkpoint, out, fmt, quantization, precision, force, verbose, quiet):

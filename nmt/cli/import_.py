@@ -22,8 +22,9 @@ from nmt.cli.options import log_options
 @click.group(cls=Group, prog="nmt-import",
              context_settings={"help_option_names": ["-h", "--help"]})
 def main():
-    """Import a model trained by another toolkit; nmt-generate, nmt-score, nmt-export,
-    nmt-train --init-from and the Python Translator then take it as any nmt checkpoint."""
+    """Import a model trained by another toolkit; nmt-generate, nmt-score, nmt-serve,
+    nmt-train --init-from and the Python Translator then take it as any nmt checkpoint
+    (nmt-export's CTranslate2 format does not yet write out an imported text pipeline)."""
 
 
 @main.command("huggingface", cls=Command, prog="nmt-import huggingface")

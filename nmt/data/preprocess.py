@@ -69,7 +69,8 @@ class PreprocessConfig:
         metavar="PREFIX", multiple=True, parse=_prefixes, default_factory=list)
     destdir: str = option("data-bin", "Data directory to create (built under a temporary name, "
                           "renamed when complete).", metavar="PATH")
-    overwrite: bool = option(False, "Replace --destdir if it exists and is not empty.")
+    overwrite: bool = option(False, "Replace --destdir if it is an nmt data directory that holds "
+                                    "none of this build's input files.")
     # None: bpe, or the reused vocabulary's kind.
     subword: str | None = option(
         None, "Subword model: bpe (sentencepiece), wordpiece (HuggingFace tokenizers, '##' "
