@@ -508,3 +508,24 @@ def test_hf_rule_goes_on_where_fairseq_stops():
     assert fairseq.tokens == [EOS]
     assert hf.tokens == [B, C, EOS]
     assert hf.score == pytest.approx(math.log(.2) / 3, abs=1e-5)
+
+
+def test_the_forced_eos_at_the_length_limit_keeps_the_models_probability():
+    """A prefix cut by the length limit, or min_len beyond it, forbids eos at the limit; the
+    eos forced there is scored with the model's probability (log 0.2), not the 1e-30 floor
+    those constraints had left (-69.08)."""
+    from nmt.search.prefix import PrefixConstraints
+
+    def dist(key, prefix):
+        p = np.zeros(V)
+        p[[A, B, EOS]] = [.5, .3, .2]
+        return p
+
+    src = torch.tensor([[10, EOS]])
+    model = EnsembleModel([ScriptedModel(dist)])
+    cut = beam_search(model, src, SearchConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=2),
+                      constraints=PrefixConstraints([[A, A, A, A]]))[0][0]
+    late = beam_search(model, src, SearchConfig(beam=2, lenpen=0.0, max_len_a=0.0,
+                                                max_len_b=2, min_len=5))[0][0]
+    for h in (cut, late):
+        assert h.tokens[-1] == EOS and h.token_scores[-1] == pytest.approx(np.log(0.2))

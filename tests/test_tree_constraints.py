@@ -434,3 +434,26 @@ def test_nmt_generate_spells_the_source_in_lexicalized_trees(tmp_path):
         assert not +stats, (words, seq, stats)
     free = generate(ckpt, "-i", src, "--no-tree-constraints").stdout.splitlines()
     assert free != out
+
+
+def test_lexicalized_trees_end_with_the_models_own_eos_probability():
+    """Once every source word is placed, the eos keeps the model's probability: the words'
+    mass (what a leaf gets) went into the eos column too, scoring each finished parse's eos
+    by how likely a word was instead (log 0.003 where the model gave eos 0.987)."""
+    n = len(LEX)
+
+    def dist(key, prefix):
+        p = np.full(n, 0.001)
+        p[[PAD, BOS]] = 0
+        if len(prefix) < 3:
+            p[[THE, DOG, RUNS]] = 0.3
+        else:
+            p[EOS] = 0.9
+        return p / p.sum()
+
+    src = torch.tensor([[THE, DOG, RUNS, EOS]])
+    cfg = SearchConfig(beam=1, lenpen=0.0, max_len_a=2.0, max_len_b=4)
+    h = beam_search(EnsembleModel([ScriptedModel(dist)]), src, cfg,
+                    constraints=TreeConstraints(LEX))[0][0]
+    want = dist(0, (THE, DOG, RUNS))[EOS]
+    assert h.token_scores[-1] == pytest.approx(float(np.log(want)), abs=1e-4)

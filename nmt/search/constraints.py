@@ -236,8 +236,11 @@ class TreeConstraintState:
             else None
         probs.masked_fill_(forbidden, 0.0)
         if leaf_mass is not None:
+            # Only rows with a word still to place: once all are, next_leaf() points past
+            # them (at the source's eos, or padding), whose own probability must stay.
             nxt = self.next_leaf()
-            probs.scatter_(1, nxt, leaf_mass * (~forbidden.gather(1, nxt)))
+            write = ~forbidden.gather(1, nxt) & (self.n_words - self.n_xx > 0).unsqueeze(1)
+            probs.scatter_(1, nxt, torch.where(write, leaf_mass, probs.gather(1, nxt)))
         stuck = probs.sum(1, keepdim=True).eq(0)                    # no sync with the device
         probs.masked_fill_(stuck & ~forbidden, FLOOR)
 

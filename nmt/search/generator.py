@@ -227,14 +227,18 @@ def restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
     forced_eos_token_id gives it log-probability 0: probability 1)."""
     probs[:, PAD] = 0.0             # never predicted
     probs[:, BOS] = 0.0
+    at_max = max_len.eq(step)                                         # [N]
+    forced = bool(at_max.any())
+    # The model's eos probability, before constraints that may forbid eos here (a prefix or
+    # a tree still unfinished at the limit, min_len beyond it)
+    model_eos = probs[:, EOS].clone() if forced and cstate is not None else probs[:, EOS]
     if cstate is not None:
         cstate.restrict(probs, step)
-    at_max = max_len.eq(step)                                         # [N]
-    if bool(at_max.any()):
+    if forced:
         # Forced eos, keeping the model's own eos probability in the score (floored, so
         # that a model giving eos probability 0 still ends its hypotheses).
         rows = at_max.repeat_interleave(k)
-        eos_p = probs[rows, EOS].clamp(min=1e-30) if forced_eos_p is None else forced_eos_p
+        eos_p = model_eos[rows].clamp(min=1e-30) if forced_eos_p is None else forced_eos_p
         probs[rows] = 0.0
         probs[rows, EOS] = eos_p
 
