@@ -529,3 +529,47 @@ def test_the_forced_eos_at_the_length_limit_keeps_the_models_probability():
                                                 max_len_b=2, min_len=5))[0][0]
     for h in (cut, late):
         assert h.tokens[-1] == EOS and h.token_scores[-1] == pytest.approx(np.log(0.2))
+
+
+def test_a_negative_unkpen_does_not_stop_the_search_early():
+    """unkpen < 0 multiplies <unk>'s probability by more than 1: a live score can still rise,
+    so the early-stop bound does not hold, and the 1-best is the n-best list's first."""
+    tree = {10: {(): {EOS: .6, A: .4}, (A,): {UNK: .5, B: .5}, (A, UNK): {EOS: 1.0},
+                 (A, B): {EOS: 1.0}}}
+    src = torch.tensor([[10, EOS]])
+    best = []
+    for nbest in (1, 2):
+        cfg = SearchConfig(beam=2, nbest=nbest, lenpen=0.0, max_len_a=0.0, max_len_b=5,
+                           unkpen=-3.0)
+        best.append(beam_search(EnsembleModel([ScriptedModel(table_dist(tree))]), src,
+                                cfg)[0][0])
+    assert best[0].tokens == best[1].tokens == [A, UNK, EOS]
+    assert best[0].score == pytest.approx(np.log(.4) + np.log(.5) + 3.0)
+
+
+def test_sampling_top_k_keeps_k_tokens_even_on_ties():
+    from nmt.search.config import SamplingConfig
+    from nmt.search.sampling import filter_distribution
+
+    probs = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.5, 0.25, 0.25, 0.0]])
+    q = filter_distribution(probs, SamplingConfig(topk=2))
+    assert int(q.gt(0).sum()) == 2 and q[0, 4] == 0.5
+
+
+def test_a_forced_prefix_token_keeps_its_probability_under_the_controls():
+    """--no-repeat-ngram-size bans a token the prefix forces (A A with n = 1): the prefix
+    wins with the model's probability, not the 1e-30 floor the ban left (-69.08)."""
+    from nmt.search.prefix import PrefixConstraints
+
+    def dist(key, prefix):
+        p = np.zeros(V)
+        p[[A, B, C, EOS]] = [.4, .3, .2, .1]
+        return p
+
+    src = torch.tensor([[10, EOS]])
+    cfg = SearchConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=5, no_repeat_ngram_size=1)
+    h = beam_search(EnsembleModel([ScriptedModel(dist)]), src, cfg,
+                    constraints=PrefixConstraints([[A, A]]))[0][0]
+    assert h.tokens[:2] == [A, A]
+    assert h.token_scores[:2] == pytest.approx([np.log(.4)] * 2)
+    assert A not in h.tokens[2:]                        # the ban holds after the prefix

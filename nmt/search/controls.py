@@ -105,8 +105,16 @@ class CombinedState:
     states: list
 
     def restrict(self, probs: Tensor, step: int) -> None:
+        # A forced prefix token is forced whatever the others forbid, with the model's own
+        # probability (read before them: a control may have zeroed it, e.g. a repeated n-gram).
+        forcing = [s for s in self.states if getattr(s, "forces_tokens", False)
+                   and step < s.width]
+        model = probs.clone() if forcing else None
         for s in self.states:
-            s.restrict(probs, step)
+            if not any(s is f for f in forcing):
+                s.restrict(probs, step)
+        for s in forcing:
+            s.restrict(probs, step, model)
 
     def advance(self, rows: Tensor, tokens: Tensor) -> "CombinedState":
         return CombinedState([s.advance(rows, tokens) for s in self.states])

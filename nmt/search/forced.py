@@ -10,7 +10,9 @@ target at once (teacher forcing: bos + target -> target + eos) and each target t
 log-probability the model gives it there. The sum over the tokens and the final eos is
 log P(Y | X), exactly what beam search accumulates for the same output, and ``score`` divides it
 by the same length penalty (nmt.search.length_penalty, alpha = ``translator.search.lenpen``),
-so scoring the beam's own output gives the beam's score (to float rounding). An ensemble
+so scoring the beam's own output gives the beam's score (to float rounding); one exception:
+with the ``hf`` formula the beam gives an eos forced at the length limit log-probability 0,
+as transformers does, and scoring gives it the model's. An ensemble
 averages the models' probabilities, as its beam search does (nmt.search.ensemble). Scores are
 the model's own: tree constraints (nmt.search.constraints), which can change what the beam
 search scores for lexicalized trees, do not apply here.

@@ -137,7 +137,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
         new_scores = new_scores.masked_fill(~alive, NEG_INF)
 
         done = _sentences_done(new_scores, alive, max_len, step, n_fin, (kth_best, worst_kept),
-                               k, cfg.nbest, (alpha, formula))                  # [N]
+                               k, cfg.nbest, (alpha, formula), cfg.unkpen < 0)  # [N]
         rows = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams   # [N, K] old rows
         if bool(done.any()):
             if bool(done.all()):
@@ -186,11 +186,13 @@ def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig, cstate=None):
 
 def _sentences_done(new_scores: Tensor, alive: Tensor, max_len: Tensor, step: int,
                     n_fin: Tensor, bests: tuple[Tensor, Tensor], k: int, nbest: int,
-                    penalty: tuple[float, str]) -> Tensor:
+                    penalty: tuple[float, str], can_rise: bool = False) -> Tensor:
     """[N] True where a sentence's search is over: enough finished (with the hf rule, and no
     live hypothesis beats the beam-th best finished at its length, |Y| = step + 1, as
     transformers decides), or none of the live ones can win any more, or none is live.
-    ``bests``: the nbest-th and the beam-th best finished scores, [N] each."""
+    ``bests``: the nbest-th and the beam-th best finished scores, [N] each. ``can_rise``: a
+    negative unkpen multiplies <unk>'s probability by more than 1, so a live score may still
+    grow and no bound holds: only enough finished hypotheses, or none live, end it."""
     (alpha, formula), (kth_best, worst_kept) = penalty, bests
     # The best live score: the first row's, as rows are sorted, except with diverse groups.
     best_live = new_scores.amax(dim=1)                                           # [N]
@@ -198,7 +200,8 @@ def _sentences_done(new_scores: Tensor, alive: Tensor, max_len: Tensor, step: in
     enough = n_fin >= k
     if formula == "hf":
         enough &= best_live / length_penalty(step + 1, alpha, formula) <= worst_kept
-    return enough | ((n_fin >= nbest) & (bound <= kth_best)) | ~alive.any(dim=1)
+    beaten = (n_fin >= nbest) & (bound <= kth_best) & (not can_rise)
+    return enough | beaten | ~alive.any(dim=1)
 
 
 def _decoder_step(model, tokens: Tensor, state, step: int, k: int):

@@ -42,14 +42,17 @@ class PrefixState:
     forced: Tensor          # [R, W]: the token each row must emit at step t, -1 when free
     width: int              # longest prefix of the batch
 
-    def restrict(self, probs: Tensor, step: int) -> None:
-        """Rows with a prefix token at ``step`` may emit that token only."""
+    forces_tokens = True    # (nmt.search.controls.Combined applies it last)
+
+    def restrict(self, probs: Tensor, step: int, model_probs: Tensor | None = None) -> None:
+        """Rows with a prefix token at ``step`` may emit that token only, with its probability
+        in ``model_probs`` (the model's, before other constraints) or else in ``probs``."""
         if step >= self.width:
             return
         want = self.forced[:, step]                                   # [R]
         rows = want.ge(0).unsqueeze(1)                                # [R, 1]
         idx = want.clamp(min=0).unsqueeze(1)
-        keep = probs.gather(1, idx).clamp(min=FLOOR)
+        keep = (probs if model_probs is None else model_probs).gather(1, idx).clamp(min=FLOOR)
         probs.masked_fill_(rows, 0.0)
         probs.scatter_(1, idx, torch.where(rows, keep, probs.gather(1, idx)))
 

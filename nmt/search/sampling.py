@@ -33,8 +33,10 @@ def filter_distribution(probs: Tensor, cfg: SamplingConfig) -> Tensor:
     q = probs if cfg.temperature == 1.0 else probs.clamp(min=1e-30).log().div(
         cfg.temperature).softmax(-1).masked_fill(probs.eq(0), 0.0)
     if cfg.topk and cfg.topk < q.size(1):
-        kth = q.topk(cfg.topk, dim=1).values[:, -1:]
-        q = q.masked_fill(q < kth, 0.0)
+        # by position, not by value: tokens tied with the k-th would pass a value threshold
+        keep = torch.zeros_like(q, dtype=torch.bool).scatter_(
+            1, q.topk(cfg.topk, dim=1).indices, True)
+        q = q.masked_fill(~keep, 0.0)
     if cfg.topp < 1.0:
         sorted_q, order = q.sort(dim=1, descending=True)
         mass = sorted_q.cumsum(1)
