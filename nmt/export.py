@@ -175,10 +175,7 @@ def check_pipeline_described(src_codec, tgt_codec, name: str = "checkpoint") -> 
     for side, codec in (("source", src_codec), ("target", tgt_codec)):
         what = ([f"{codec.kind} subwords"] if codec.kind in ("subword_nmt",
                                                              "fairseq_sentencepiece") else []
-                ) + (["fairseq's Moses settings"] if codec.moses_options else []
-                ) + (["a Marian (OPUS-MT) tokenizer's language codes and <unk> handling; "
-                      "CTranslate2's own ct2-transformers-converter converts the original "
-                      "model"] if codec.subword.to_state().get("lookup") else [])
+                ) + (["fairseq's Moses settings"] if codec.moses_options else [])
         if what:
             raise NmtError(f"{name}: cannot export to CTranslate2 yet: nmt-export does not "
                            f"write out its {side} text pipeline ({' and '.join(what)}); "
@@ -314,7 +311,9 @@ def export_info(ckpt: dict, model, src_codec, tgt_codec, quantization: str, ct2_
         kind = codec.kind
         return {"subword": kind,
                 "subword_file": f"{name}.{SUBWORD_FILES[kind]}" if kind in SUBWORD_FILES else None,
-                "moses_lang": codec.moses_lang, "vocab_size": len(codec.dictionary)}
+                "moses_lang": codec.moses_lang, "vocab_size": len(codec.dictionary),
+                # an imported OPUS-MT model: MarianTokenizer's rules (nmt.data.subword)
+                **({"marian": True} if codec.subword.to_state().get("lookup") else {})}
 
     return {
         "format": "ctranslate2",
@@ -423,7 +422,14 @@ def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
     if src["subword"] == "bpe":
         setup.append(f'src_sp = spm.SentencePieceProcessor(model_file=f"{{MODEL_DIR}}/'
                      f'{src["subword_file"]}")')
-        to_pieces.append("    return src_sp.encode(line, out_type=str)")
+        if src.get("marian"):       # MarianTokenizer: a leading >>xx<< code is one piece
+            to_pieces.append('    code = []\n'
+                             '    if line.startswith(">>") and "<<" in line:\n'
+                             '        end = line.index("<<") + 2\n'
+                             '        code, line = [line[:end]], line[end:]\n'
+                             '    return code + src_sp.encode(line, out_type=str)')
+        else:
+            to_pieces.append("    return src_sp.encode(line, out_type=str)")
     elif src["subword"] == "wordpiece":
         setup.append(f'src_wp = Tokenizer.from_file(f"{{MODEL_DIR}}/{src["subword_file"]}")')
         setup.append('src_wp.encode_special_tokens = True   # "</s>" in a text is text')
@@ -435,7 +441,11 @@ def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
     if tgt["subword"] == "bpe":
         setup.append(f'tgt_sp = spm.SentencePieceProcessor(model_file=f"{{MODEL_DIR}}/'
                      f'{tgt["subword_file"]}")')
-        from_pieces.append("    text = tgt_sp.decode(pieces)")
+        if tgt.get("marian"):       # MarianTokenizer: <unk> dropped, '\u2581' left as spaces
+            from_pieces.append('    text = tgt_sp.decode([p for p in pieces if p != "<unk>"])'
+                               '.replace("\\u2581", " ").strip()')
+        else:
+            from_pieces.append("    text = tgt_sp.decode(pieces)")
     elif tgt["subword"] == "wordpiece":
         from_pieces.append('    words = []                            # "##" pieces glue onto '
                            'the previous one\n'

@@ -482,13 +482,27 @@ def test_null_generation_settings_are_transformers_defaults(marian, tmp_path):
     assert (cfg["beam"], cfg["max_len_a"], cfg["max_len_b"]) == (1, 0.0, 18)
 
 
-def test_an_imported_marian_model_is_not_exported_to_ctranslate2(imported, tmp_path):
-    """Its tokenizer keeps >>xx<< language codes whole and drops <unk>; the CTranslate2
-    directory's translate.py would not: refused, naming the converter that does it right."""
+def test_an_imported_marian_models_ctranslate2_export_tokenizes_as_nmt(marian, imported,
+                                                                        tmp_path):
+    """translate.py of the CTranslate2 export keeps a leading >>xx<< code as one piece and
+    drops <unk> when detokenizing, as nmt's codec (and MarianTokenizer) do."""
     pytest.importorskip("ctranslate2")
-    from nmt.cli.export import main as export_main
+    import importlib.util
 
-    r = CliRunner().invoke(export_main, [str(imported), str(tmp_path / "ct2")])
-    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert "Marian (OPUS-MT) tokenizer" in r.stderr and "ct2-transformers-converter" in r.stderr
-    assert not (tmp_path / "ct2").exists()
+    from nmt.checkpoint import codecs_from_checkpoint
+    from nmt.export import export_model
+
+    out = export_model(str(imported), tmp_path / "ct2")
+    spec = importlib.util.spec_from_file_location("exported", out / "translate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    src, tgt = codecs_from_checkpoint(load_checkpoint(imported), "imported")
+    known = set(src.dictionary.symbols)
+    for line in [">>yy<< " + marian[2][0], marian[2][1], ">>yy<<" + marian[2][2]]:
+        pieces = module.to_pieces(line)                  # CTranslate2 reads an unknown as <unk>
+        assert [p if p in known else "<unk>" for p in pieces] == \
+            [src.dictionary[i] for i in src.encode(line)]
+        assert pieces[0] == ">>yy<<" or not line.startswith(">>")
+    ids = tgt.encode(marian[3][0])
+    with_unk = [*ids[:2], 3, *ids[2:]]                  # 3: <unk>
+    assert module.from_pieces([tgt.dictionary[i] for i in with_unk]) == tgt.decode(with_unk)

@@ -179,7 +179,9 @@ def test_kill_at_random_moments_then_resume_equals_uninterrupted(data_dir, refer
         assert len(msg) == 1 and sig.name in msg[0], err[-2000:]
         saved = int(re.search(r"at update (\d+)", msg[0]).group(1))
         assert load_checkpoint(save / "checkpoint_last.pt")["progress"]["update"] == saved
-        assert (save / f"checkpoint_{saved}.pt").exists()
+        # a numbered checkpoint only where the schedule saves (every 2): elsewhere the stop
+        # is a resume point, checkpoint_last.pt alone
+        assert (save / f"checkpoint_{saved}.pt").exists() == (saved % 2 == 0)
         assert "Traceback" not in err
 
     # 6. run to the end: the same weights as the run that was never interrupted.

@@ -24,7 +24,8 @@ from nmt.cli.options import log_options
 def main():
     """Import a model trained by another toolkit; nmt-generate, nmt-score, nmt-serve,
     nmt-train --init-from and the Python Translator then take it as any nmt checkpoint
-    (nmt-export's CTranslate2 format does not yet write out an imported text pipeline)."""
+    (nmt-export's CTranslate2 format does not yet write out a fairseq import's text
+    pipeline)."""
 
 
 @main.command("huggingface", cls=Command, prog="nmt-import huggingface")
