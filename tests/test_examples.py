@@ -837,6 +837,7 @@ def test_parsing_run_sh_needs_a_treebank(tmp_path):
     assert p.returncode == 0 and "--sample" in p.stdout and "0170-0179" in p.stdout
 
 
+@pytest.mark.slow        # ~10 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_a_shorter_max_update_than_the_finished_run_is_refused(tmp_path):
     """A larger --max-update resumes the run in the work dir; a smaller one would train
     nothing and report the longer run's results as its own: refused in one line. A work
@@ -854,6 +855,7 @@ def test_multi30k_a_shorter_max_update_than_the_finished_run_is_refused(tmp_path
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow        # ~15 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_stages_without_tune_decode_with_the_tuned_pair(tmp_path):
     """--stages generate,score after a full run: the beam and alpha the tune stage chose on
     val, not the recipe's defaults (the test decode is not redone with other settings)."""

@@ -106,6 +106,7 @@ def test_bad_worker_counts_are_refused(f):
     assert r.returncode == 2 and r.stdout == b""
 
 
+@pytest.mark.slow        # ~9 s; CI runs it (.ci/run: -m slow)
 def test_workers_answer_a_stream_line_by_line(f, tmp_path):
     """A caller that writes one line to stdin and waits gets its translation while stdin
     stays open, as with one process (the workers must not wait for more input first)."""
