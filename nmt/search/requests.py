@@ -29,6 +29,22 @@ class Request:
 # A lone surrogate: what an unpaired JSON escape in \ud800-\udfff decodes to (no character).
 SURROGATE = re.compile("[\ud800-\udfff]")
 
+
+def lone_surrogate(obj) -> str | None:
+    """A lone surrogate in some string of ``obj`` (a string, or lists and dicts of them, keys
+    included), else None: JSON's \\ud800 escapes parse, but name no character."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, str) and (m := SURROGATE.search(x)):
+            return m.group()
+    return None
+
 def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     if not line.strip():
         return Request("")
@@ -53,9 +69,7 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
             raise NmtError(f"{where}: \"{key}\" must be a string, got {_kind(value)}")
     if problem := phrases_problem(obj.get("constraints")):
         raise NmtError(f"{where}: {problem}")
-    texts = [obj.get(k) for k in FIELDS] + list(obj.get("constraints") or [])
-    bad = next((m.group() for t in texts if isinstance(t, str) and (m := SURROGATE.search(t))),
-               None)
+    bad = lone_surrogate([obj.get(k) for k in FIELDS] + list(obj.get("constraints") or []))
     if bad is not None:
         raise NmtError(f"{where}: a lone surrogate (\\u{ord(bad):04x}) in a string: JSON's "
                        f"\\ud800-\\udfff escapes name no character unless paired")

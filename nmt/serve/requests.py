@@ -30,7 +30,7 @@ import numpy as np
 from nmt.errors import NmtError, suggest
 from nmt.search.config import SearchConfig
 from nmt.search.lexical import check_room, encode_constraints, refuse_with
-from nmt.search.requests import SURROGATE, phrases_problem
+from nmt.search.requests import lone_surrogate, phrases_problem
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import ServedModel
 
@@ -86,26 +86,10 @@ def parse_json(body: bytes) -> dict:
         raise RequestError(400, "the body is JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise RequestError(400, f"expected a JSON object with \"text\", got {_kind(obj)}")
-    if (bad := _not_text(obj)) is not None:
+    if (bad := lone_surrogate(obj)) is not None:
         raise RequestError(400, f"the body has a string that is not text: a lone surrogate "
                                 f"(\\u{ord(bad):04x}), which UTF-8 cannot hold")
     return obj
-
-
-def _not_text(obj: Any) -> str | None:
-    """A lone surrogate in some string (key or value) of ``obj``, else None. (JSON's
-    \\ud800 escapes parse, but name no character.)"""
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend(x.keys())
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
-        elif isinstance(x, str) and (m := SURROGATE.search(x)):
-            return m.group()
-    return None
 
 
 def parse_request(obj: Mapping[str, Any], models: Mapping[str, ServedModel],
