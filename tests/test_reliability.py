@@ -301,7 +301,9 @@ def test_second_signal_stops_at_once(tmp_path, monkeypatch):
 
 def test_a_signal_during_validation_decoding_stops_it_at_once(tmp_path, monkeypatch):
     """Decoding the valid split can take minutes: a signal stops it after the current batch,
-    then the run saves and stops as after an update (issue 16: Ctrl-C must not seem ignored)."""
+    then the run saves and stops there, as a signal at that update does (issue 16: Ctrl-C must
+    not seem ignored). The resumed run validates those weights first, so the best checkpoint
+    and --patience are the uninterrupted run's."""
     from nmt.search.translator import Translator
 
     real = Translator.translate_ids
@@ -315,16 +317,27 @@ def test_a_signal_during_validation_decoding_stops_it_at_once(tmp_path, monkeypa
             progress(n)
         return real(self, ids, sources=sources, progress=counting, first_line=first_line)
 
+    straight = tmp_path / "straight"
+    kw = dict(max_update=9, save_interval_updates=2, valid_bleu=True)
+    train(run_cfg(straight, **kw), FakeData(n_train=40, n_valid=64), "fake")
+    split = tmp_path / "split"
     monkeypatch.setattr(Translator, "translate_ids", translate_ids)
-    cfg = run_cfg(tmp_path, max_update=9, save_interval_updates=2, valid_bleu=True)
     with pytest.raises(TrainingInterrupted):
-        train(cfg, FakeData(n_train=40, n_valid=64), "fake")
+        train(run_cfg(split, **kw), FakeData(n_train=40, n_valid=64), "fake")
     assert len(batches) == 1          # the other batches of the split were not decoded
-    recs = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    recs = [json.loads(l) for l in (split / "train_log.jsonl").read_text().splitlines()]
     valid = [r for r in recs if r["kind"] == "valid"]
     assert len(valid) == 1 and valid[0]["decoding_stopped"] and "bleu" not in valid[0]
-    # the signal is acted on as any other: the update under way (3) is finished and saved
-    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["progress"]["update"] == 3
+    # no update is trained after the stopped validation: the save point (2) is saved, and
+    # its validation is left to the resumed run
+    last = load_checkpoint(split / "checkpoint_last.pt")["progress"]
+    assert last["update"] == 2 and last["deferred"] == {"judge": True}
+    monkeypatch.setattr(Translator, "translate_ids", real)
+    train(run_cfg(split, **kw), FakeData(n_train=40, n_valid=64), "fake")
+    a, b = (load_checkpoint(d / "checkpoint_last.pt") for d in (straight, split))
+    assert a["progress"]["update"] == b["progress"]["update"] == 9
+    assert a["progress"]["selection"] == b["progress"]["selection"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
 # --- numerical faults -------------------------------------------------------------------------

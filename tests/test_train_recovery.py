@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +171,33 @@ def test_ensemble_listings_never_name_a_missing_or_another_runs_checkpoint(tmp_p
     names = (moved / "ensemble_best2.txt").read_text().splitlines()
     assert names and all(n.startswith(str(moved.resolve())) and os.path.exists(n)
                          for n in names)
+
+
+def test_a_failed_rewrite_of_a_moved_listing_leaves_it_whole(tmp_path):
+    """--no-resume rewrites a moved ensemble listing to name the moved checkpoints. A write
+    that fails part way (here the file-size limit, as on a full disk) must leave the listing
+    as it was, not a truncated one: the rewrite goes through a temporary file and a rename."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint_1.pt").write_bytes(b"x")
+    listing = run / "ensemble_best1.txt"
+    listing.write_text(str((run / "checkpoint_1.pt").resolve()) + "\n", encoding="utf-8")
+    size = listing.stat().st_size
+    script = (
+        "import resource, signal, sys\n"
+        "from nmt.errors import NmtError\n"
+        "from nmt.training.savedir import SaveDir\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size + 8}, {size + 8}))\n"
+        "try:\n"
+        f"    SaveDir({str(run)!r}).move_previous_run()\n"
+        "except NmtError as e:\n"
+        "    print('error:', e)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "cannot" in done.stdout          # the failed write is reported
+    moved = next(run.glob("previous-*"))
+    assert (moved / "ensemble_best1.txt").read_text(encoding="utf-8") == \
+        str((run / "checkpoint_1.pt").resolve()) + "\n"
+    assert not list(moved.glob(".ensemble_best1.txt.*"))   # no temporary file left behind

@@ -177,21 +177,23 @@ class Run:
         return False
 
     def _act(self, decision: Decision) -> bool:
-        """Validate and save as decided; True when --patience ran out."""
+        """Validate and save as decided; True to stop (--patience ran out, or a signal)."""
         if not (decision.validate or decision.save):
             return False
         valid = self.validate() if decision.validate else None
+        if valid is not None and valid.get("decoding_stopped"):     # by a signal
+            decision, valid = self.policy.validation_stopped(decision), None
         if not decision.save:
             return False
         if not decision.numbered:        # a signal off the saving schedule: a resume point
             self.saved_at = self.save(None, numbered=False, deferred=decision.deferred)
-            return False
+            return decision.stop
         value, improved = self._judge(valid)
         if valid is not None:
             valid = {**valid, "best": improved}
         self.saved_at = self.save(valid, is_best=improved, deferred=decision.deferred)
         self.policy.saved()
-        return self._out_of_patience(value)
+        return self._out_of_patience(value) or decision.stop
 
     def _judge(self, valid: dict[str, Any] | None) -> tuple[float | None, bool]:
         """(score, improved) of a validation at a save: only those compete for

@@ -81,6 +81,13 @@ class Policy:
         return Decision(validate=False, save=True, stop=True, numbered=scheduled,
                         deferred=validate)
 
+    @staticmethod
+    def validation_stopped(decision: Decision) -> Decision:
+        """A signal stopped the validation that ``decision`` asked for: save and stop as a
+        signal at this update does; the resumed run validates here (judged if a save)."""
+        return Decision(validate=False, save=True, stop=True, numbered=decision.save,
+                        deferred=True)
+
     def saved(self) -> None:
         self.last_save = self.clock()
 

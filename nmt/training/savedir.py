@@ -233,6 +233,7 @@ class SaveDir:
         while dest.exists():
             n += 1
             dest = self.path / f"previous-{stamp}-{n}"
+        from nmt.io import write_text_atomic
         try:
             dest.mkdir()
             for p in old:
@@ -241,9 +242,9 @@ class SaveDir:
             here = str(self.path.resolve())
             for listing in dest.glob("ensemble_best*.txt"):
                 lines = listing.read_text(encoding="utf-8").splitlines()
-                listing.write_text("".join(str(dest.resolve() / Path(x).name) + "\n"
-                                           if str(Path(x).parent) == here else x + "\n"
-                                           for x in lines), encoding="utf-8")
+                write_text_atomic(listing, "".join(str(dest.resolve() / Path(x).name) + "\n"
+                                                   if str(Path(x).parent) == here else x + "\n"
+                                                   for x in lines))
         except OSError as e:
             raise NmtError(f"{self.path}: cannot move the previous run's files into {dest} "
                            f"({e.strerror or e})") from None
