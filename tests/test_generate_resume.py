@@ -151,3 +151,28 @@ def test_a_changed_input_file_is_refused(f, tmp_path):
     r = _run(g, out, ok=False)
     error_line("nmt-generate", r.returncode, r.stderr,
                f"with {src} as it was then (it has changed since")
+
+
+def test_a_second_run_writing_the_same_output_is_refused_while_the_first_runs(f, tmp_path):
+    """Two runs of one command on one --output would resume the same journal and write their
+    chunks over each other in one partial file. The second is refused, naming the first;
+    the first finishes with the uninterrupted output and leaves no lock file."""
+    out = tmp_path / "out.txt"
+    first = subprocess.Popen([*GENERATE, f["ckpt"], "-i", f["in"], "-o", str(out), "-q"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    try:
+        deadline = time.time() + 120
+        while not _journal(out).exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)       # holds its output, mid-run
+        assert first.poll() is None and _journal(out).exists()
+        second = _run(f, out, "-q", ok=False)
+        error_line("nmt-generate", second.returncode, second.stderr,
+                   "in use by another nmt-generate", f"pid {first.pid}")
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=180) == 0, first.stderr.read().decode()
+    finally:
+        first.kill()
+        first.wait()
+    assert out.read_bytes() == _reference(f)
+    assert not list(tmp_path.glob(".out.txt.nmt-lock")) and not _journal(out).exists()

@@ -8,6 +8,7 @@ module reads, writes and reports progress.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -181,13 +182,14 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
             raise UsageError("--workers translates --input or stdin, not a --split or "
                              "--score-reference")
         resumable = _resumable(cfg, split, paths, device, precision, overwrite, shard)
-        if shard is not None and resumable.complete:
-            translator = pool = None        # restarted with its share done: do not load
-        else:
-            translator, pool = _decoder(sources, paths, cfg, shard.device(device) if shard
-                                        else device, precision, (threads, verbose, quiet),
-                                        workers)
-        _run(translator, cfg, sources, split, quiet, resumable, pool, shard_timeout)
+        with resumable.lock if resumable is not None else contextlib.nullcontext():
+            if shard is not None and resumable.complete:
+                translator = pool = None        # restarted with its share done: do not load
+            else:
+                translator, pool = _decoder(sources, paths, cfg, shard.device(device) if shard
+                                            else device, precision, (threads, verbose, quiet),
+                                            workers)
+            _run(translator, cfg, sources, split, quiet, resumable, pool, shard_timeout)
 
 
 def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: str,
@@ -270,16 +272,27 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
             or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)
             or is_stream(cfg.output_path)):
         return None
-    from nmt.cli.generate_resume import ResumableOutput, run_identity
-    from nmt.cli.generate_shards import ShardOutput, check_other_runs, first_attempt
+    from nmt.cli.generate_resume import ResumableOutput, output_lock, run_identity
+    from nmt.cli.generate_shards import ShardOutput, check_other_runs, first_attempt, shard_path
 
     identity = run_identity(checkpoints, cfg, device, precision)
-    if shard is None:
-        check_other_runs(cfg.output_path, 1, overwrite, remove=True)
-        return ResumableOutput(cfg.output_path, identity, overwrite)
-    overwrite = overwrite and first_attempt()       # a restarted rank resumes
-    check_other_runs(cfg.output_path, shard.world, overwrite, remove=shard.rank == 0)
-    return ShardOutput(cfg.output_path, identity, shard, overwrite)
+    # One writer per output, held to the end (``out.lock``): two runs resuming one journal
+    # would write their chunks over each other in one partial file.
+    lock = output_lock(cfg.output_path if shard is None
+                       else shard_path(cfg.output_path, shard.rank, shard.world))
+    try:
+        if shard is None:
+            check_other_runs(cfg.output_path, 1, overwrite, remove=True)
+            out = ResumableOutput(cfg.output_path, identity, overwrite)
+        else:
+            overwrite = overwrite and first_attempt()       # a restarted rank resumes
+            check_other_runs(cfg.output_path, shard.world, overwrite, remove=shard.rank == 0)
+            out = ShardOutput(cfg.output_path, identity, shard, overwrite)
+    except BaseException:
+        lock.release()
+        raise
+    out.lock = lock
+    return out
 
 
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,

@@ -30,6 +30,7 @@ from typing import Sequence
 from nmt.cli.generate_config import GenerateConfig
 from nmt.errors import NmtError
 from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir
+from nmt.lock import WriterLock
 from nmt.options import flag_name
 
 log = logging.getLogger("nmt.generate")
@@ -101,12 +102,21 @@ def difference(old: dict, new: dict) -> str | None:
     return None
 
 
+def output_lock(path: str | os.PathLike) -> WriterLock:
+    """The lock, taken, that makes this process the only writer of ``path`` (and of its
+    journal and partial file): ``.FILE.nmt-lock`` beside it, removed when released."""
+    p = Path(path)
+    return WriterLock(p.with_name(f".{p.name}.nmt-lock"), p, "nmt-generate",
+                      "wait for it to finish, or give another --output").acquire()
+
+
 class ResumableOutput:
     """The output FILE of a resumable run: ``with ResumableOutput(...) as out``, write a
     chunk's lines with ``out.writer``, then ``out.commit(lines, input_bytes)``; the rename
     to FILE happens on a clean exit. ``start_line``/``start_byte``: where the input resumes."""
 
     shard = None        # a torchrun rank's share (nmt.cli.generate_shards.ShardOutput)
+    lock: WriterLock | None = None      # output_lock(path), taken by whoever made this
 
     def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False):
         self.path = Path(path)
@@ -234,4 +244,4 @@ class ResumableOutput:
             raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
 
 
-__all__ = ["ResumableOutput", "run_identity", "difference"]
+__all__ = ["ResumableOutput", "output_lock", "run_identity", "difference"]
