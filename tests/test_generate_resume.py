@@ -176,3 +176,29 @@ def test_a_second_run_writing_the_same_output_is_refused_while_the_first_runs(f,
         first.wait()
     assert out.read_bytes() == _reference(f)
     assert not list(tmp_path.glob(".out.txt.nmt-lock")) and not _journal(out).exists()
+
+
+def test_a_signal_while_the_output_is_installed_reports_what_is_on_disk(tmp_path, monkeypatch):
+    """SIGTERM between the rename of OUT.nmt-partial to OUT and the journal's removal: the
+    rename and the removal both happen, then the stop; its message says OUT is whole (it
+    said "the first N lines are done; rerun to resume", and the rerun started afresh)."""
+    import nmt.cli.generate_resume as R
+    from nmt.cli.common import Interrupted, stop_on_signals
+
+    real = R.fsync_dir
+
+    def fsync_then_signal(path):
+        real(path)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    out_path = tmp_path / "out.txt"
+    out = R.ResumableOutput(out_path, {"run": 1})
+    with pytest.raises(Interrupted):
+        with stop_on_signals():
+            with out:
+                out.writer.write("eins")
+                out.commit(1, 5)
+                monkeypatch.setattr(R, "fsync_dir", fsync_then_signal)
+    assert out_path.read_text() == "eins\n"
+    assert not _journal(out_path).exists() and not _partial(out_path).exists()
+    assert out.stopped() == f"{out_path} was written in full"

@@ -117,6 +117,7 @@ class ResumableOutput:
 
     shard = None        # a torchrun rank's share (nmt.cli.generate_shards.ShardOutput)
     lock: WriterLock | None = None      # output_lock(path), taken by whoever made this
+    installed = False                   # FILE is in place, whole
 
     def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False):
         self.path = Path(path)
@@ -216,6 +217,8 @@ class ResumableOutput:
 
     def stopped(self) -> str:
         """What an interrupted run leaves, for its last message."""
+        if self.installed:
+            return f"{self.path} was written in full"
         if not self.journal.exists():
             return f"{self.path} not written"
         return (f"{self.path}: the first {self.lines_done} lines are done; rerun the same "
@@ -234,12 +237,18 @@ class ResumableOutput:
             raise NmtError(f"{exc}; {self.stopped()}") from None
 
     def _install(self) -> None:
+        from nmt.cli.common import signals_deferred
+
         try:
             with open(self.partial, "rb+") as f:
                 os.fsync(f.fileno())
-            os.replace(self.partial, self.path)
-            fsync_dir(self.path.parent)
-            self.journal.unlink(missing_ok=True)
+            # A signal here takes effect once FILE is in place and the journal gone, so
+            # that what the stop reports (stopped()) is what is on disk.
+            with signals_deferred():
+                os.replace(self.partial, self.path)
+                self.installed = True
+                fsync_dir(self.path.parent)
+                self.journal.unlink(missing_ok=True)
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
 
