@@ -217,3 +217,24 @@ def test_tensorboard_gets_the_scalars_of_train_log(data_dir, tmp_path):
         kind, key = tag.split("/")
         for e in events:
             assert e.value == pytest.approx(records[kind, e.step][key], rel=1e-6), (tag, e)
+
+
+def test_a_validation_stopped_by_a_signal_sends_no_scalars(tmp_path):
+    """The resumed run validates those weights again at the same step (nmt-train, on a signal
+    during validation decoding): TensorBoard shows that step's point once, the whole one."""
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install "
+                        "'nmt[test]')")
+    from nmt.training.curves import TensorBoardLog
+
+    stopped = {"kind": "valid", "update": 4, "loss": 9.0, "nll_loss": 8.0, "ppl": 256.0,
+               "decoding_stopped": True}
+    first = TensorBoardLog(tmp_path, purge_step=1)
+    first.write(stopped)
+    first.close()
+    resumed = TensorBoardLog(tmp_path, purge_step=5)
+    resumed.write({"kind": "valid", "update": 4, "loss": 2.0, "nll_loss": 1.5, "ppl": 2.8,
+                   "bleu": 30.0})
+    resumed.close()
+    scalars = tensorboard_scalars(tmp_path)
+    assert [(e.step, e.value) for e in scalars["valid/loss"]] == [(4, 2.0)]
+    assert [e.step for e in scalars["valid/bleu"]] == [4]

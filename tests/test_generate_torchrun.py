@@ -179,3 +179,21 @@ def test_real_torchrun_reading_stdin_fails_in_one_line(f, tmp_path):
     assert r.returncode != 0
     ours = [ln for ln in r.stderr.splitlines() if ln.startswith("nmt-generate: error: ")]
     assert len(ours) == 2 and all("needs --input FILE" in ln for ln in ours), r.stderr
+
+
+def test_rank_0_holds_the_outputs_lock_and_each_rank_its_shards(f, tmp_path):
+    """A one-process run on OUT holds .OUT.nmt-lock: rank 0 of a torchrun job on OUT (which
+    would delete the one-process run's files with --overwrite, and write OUT) is refused.
+    A rank's shard lock refuses that rank of a second job."""
+    from nmt.cli.generate_resume import output_lock
+    from nmt.cli.generate_shards import shard_path
+
+    out = tmp_path / "out.txt"
+    with output_lock(out):
+        r = _rank(f, out, 0, 2, "--overwrite", ok=False)
+        error_line("nmt-generate", r.returncode, r.stderr, "in use by another nmt-generate",
+                   f"pid {os.getpid()}")
+    with output_lock(shard_path(out, 1, 2)):
+        r = _rank(f, out, 1, 2, ok=False)
+        error_line("nmt-generate", r.returncode, r.stderr, "in use by another nmt-generate")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

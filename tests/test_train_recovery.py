@@ -196,7 +196,7 @@ def test_a_failed_rewrite_of_a_moved_listing_leaves_it_whole(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
-    assert "cannot" in done.stdout          # the failed write is reported
+    assert "cannot move the previous run's files" in done.stdout    # the failure is reported
     moved = next(run.glob("previous-*"))
     assert (moved / "ensemble_best1.txt").read_text(encoding="utf-8") == \
         str((run / "checkpoint_1.pt").resolve()) + "\n"

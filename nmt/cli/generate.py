@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -231,6 +232,10 @@ def _run(translator, cfg: GenerateConfig, sources: Sequence, split: str | None, 
             if shard is not None:
                 finish(resumable, cfg, shard_timeout)
         except Interrupted as e:
+            if resumable is not None and resumable.installed:   # the signal came too late
+                log.warning("%s came once %s was written in full: nothing to stop",
+                            signal.Signals(e.signum).name, cfg.output_path)
+                return
             done = (resumable.stopped() if resumable is not None
                     else f"{cfg.output_path} not written" if cfg.output_path not in (None, "-")
                     else f"the output holds the first {writer.sentences} lines' translations")
@@ -277,10 +282,15 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
 
     identity = run_identity(checkpoints, cfg, device, precision)
     # One writer per output, held to the end (``out.lock``): two runs resuming one journal
-    # would write their chunks over each other in one partial file.
-    lock = output_lock(cfg.output_path if shard is None
-                       else shard_path(cfg.output_path, shard.rank, shard.world))
+    # would write their chunks over each other in one partial file. The one process, or
+    # rank 0 (which merges), holds OUT's lock; each rank also its shard's, until the merge.
+    lock = contextlib.ExitStack()
     try:
+        if shard is None or shard.rank == 0:
+            lock.callback(output_lock(cfg.output_path).release)
+        if shard is not None:
+            lock.callback(output_lock(shard_path(cfg.output_path, shard.rank,
+                                                 shard.world)).release)
         if shard is None:
             check_other_runs(cfg.output_path, 1, overwrite, remove=True)
             out = ResumableOutput(cfg.output_path, identity, overwrite)
@@ -289,7 +299,7 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
             check_other_runs(cfg.output_path, shard.world, overwrite, remove=shard.rank == 0)
             out = ShardOutput(cfg.output_path, identity, shard, overwrite)
     except BaseException:
-        lock.release()
+        lock.close()
         raise
     out.lock = lock
     return out

@@ -116,7 +116,7 @@ class ResumableOutput:
     to FILE happens on a clean exit. ``start_line``/``start_byte``: where the input resumes."""
 
     shard = None        # a torchrun rank's share (nmt.cli.generate_shards.ShardOutput)
-    lock: WriterLock | None = None      # output_lock(path), taken by whoever made this
+    lock = None     # the output_lock()s its maker took: a context manager that releases them
     installed = False                   # FILE is in place, whole
 
     def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False):

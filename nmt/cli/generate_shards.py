@@ -22,6 +22,12 @@ removes the shards. A rerun after that translates afresh, as a finished one-proc
 A rerun with another world size is refused in one line (the chunks of a shard belong to its
 world size); --overwrite starts afresh, on torchrun's first attempt only: a restarted rank
 resumes whatever the command line says.
+
+One job writes FILE at a time: rank 0 holds ``.FILE.nmt-lock`` to the end (as a one-process
+run does), and each rank ``.FILE.shard-R-of-W.nmt-lock`` while it runs, so a second job or a
+one-process run on FILE is refused. Not covered: a rank that has finished its share and
+exited while its rank 0 still waits or merges; a second job's rank of that number is not
+refused (its rank 0 is).
 """
 
 from __future__ import annotations

@@ -96,7 +96,9 @@ class TensorBoardLog:
     def write(self, record: dict[str, Any]) -> None:
         """Send the record's scalars at step record['update']; flushed, as the JSON lines."""
         keys = TENSORBOARD_KEYS.get(record.get("kind"), ())
-        if self._w is None or not keys:
+        # A validation that a signal stopped is done again, whole, by the resumed run at the
+        # same step: sending both would draw two points there.
+        if self._w is None or not keys or record.get("decoding_stopped"):
             return
         for key in keys:
             value = record.get(key)

@@ -245,9 +245,10 @@ class SaveDir:
                 write_text_atomic(listing, "".join(str(dest.resolve() / Path(x).name) + "\n"
                                                    if str(Path(x).parent) == here else x + "\n"
                                                    for x in lines))
-        except OSError as e:
+        except (OSError, NmtError) as e:
+            why = e.strerror or e if isinstance(e, OSError) else e
             raise NmtError(f"{self.path}: cannot move the previous run's files into {dest} "
-                           f"({e.strerror or e})") from None
+                           f"({why})") from None
         self.moved_to = dest
         return dest
 
