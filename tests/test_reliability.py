@@ -332,6 +332,14 @@ def test_a_signal_during_validation_decoding_stops_it_at_once(tmp_path, monkeypa
     # its validation is left to the resumed run
     last = load_checkpoint(split / "checkpoint_last.pt")["progress"]
     assert last["update"] == 2 and last["deferred"] == {"judge": True}
+    # A signal during that owed validation too: the resumed run stops with a message, and
+    # the checkpoint still owes it.
+    batches.clear()
+    with pytest.raises(TrainingInterrupted, match="at update 2; saved .*checkpoint_last.pt"):
+        train(run_cfg(split, **kw), FakeData(n_train=40, n_valid=64), "fake")
+    assert len(batches) == 1
+    last = load_checkpoint(split / "checkpoint_last.pt")["progress"]
+    assert last["update"] == 2 and last["deferred"] == {"judge": True}
     monkeypatch.setattr(Translator, "translate_ids", real)
     train(run_cfg(split, **kw), FakeData(n_train=40, n_valid=64), "fake")
     a, b = (load_checkpoint(d / "checkpoint_last.pt") for d in (straight, split))

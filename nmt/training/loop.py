@@ -119,8 +119,8 @@ class Run:
                          self.info.world_size, self.device, self.trainer.num_updates)
         self.policy, self.total = Policy(self.cfg, self.is_main), Meter()
         done = self._already_done()
-        stop = self._deferred_validation() or done
         with self.signals:
+            stop = resume.deferred_validation(self) or done
             while not stop and not (self.cfg.max_epoch and self.epoch > self.cfg.max_epoch):
                 stop = self._train_epoch()
         if self.signals.received:
@@ -213,21 +213,6 @@ class Run:
                      self.selection.best, self.selection.best_update)
         self.stopped_early = True
         return True
-
-    def _deferred_validation(self) -> bool:
-        """The validation a signal's stop left to this resumed run: the saved weights and RNG
-        state are those it would have seen, so it is the uninterrupted run's; at a save it is
-        judged and the checkpoint saved again as that run saved it. True when --patience
-        then ran out."""
-        deferred, self.deferred = self.deferred, None
-        if not deferred:
-            return False
-        valid = self.validate()
-        if not deferred.get("judge"):
-            return False
-        value, improved = self._judge(valid)
-        self.saved_at = self.save(valid and {**valid, "best": improved}, is_best=improved)
-        return self._out_of_patience(value)
 
     def _log_end(self) -> None:
         """The summary (rank 0): also after an interruption."""

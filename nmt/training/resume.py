@@ -70,6 +70,26 @@ def run_checkpoint(run, rng_states: list[dict[str, Any]], valid: dict[str, Any] 
         task=data_task(data).name, training=training)
 
 
+def deferred_validation(run) -> bool:
+    """The validation a signal's stop left to this resumed ``run`` (nmt.training.loop.Run):
+    the saved weights and RNG state are those it would have seen, so it is the uninterrupted
+    run's; at a save it is judged and the checkpoint saved again as that run saved it. True
+    to stop: --patience ran out, or a signal stopped this validation too (the checkpoint
+    keeps its marker, and the next resume validates again)."""
+    deferred, run.deferred = run.deferred, None
+    if not deferred:
+        return False
+    valid = run.validate()
+    if valid is not None and valid.get("decoding_stopped"):
+        run.saved_at = run.save_dir.last if run.is_main else None
+        return True
+    if not deferred.get("judge"):
+        return False
+    value, improved = run._judge(valid)
+    run.saved_at = run.save(valid and {**valid, "best": improved}, is_best=improved)
+    return run._out_of_patience(value)
+
+
 def resume_point(save_dir, resume: bool, device, is_main: bool) -> tuple[Path, dict] | None:
     """The newest intact checkpoint of ``save_dir`` (a SaveDir) when ``resume`` is on, else
     None. Rank 0 first removes the leftovers of interrupted saves, and with --no-resume moves
@@ -293,7 +313,7 @@ def _fmt(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["training_state", "resume_point", "check_resumable", "restore", "saved_init_from",
+__all__ = ["training_state", "deferred_validation", "resume_point", "check_resumable", "restore", "saved_init_from",
            "saved_position", "get_rng_state", "set_rng_state", "check_same_data",
            "check_init_data", "check_same_model", "changed_options", "codec_difference",
            "vocabulary_mismatch"]
