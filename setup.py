@@ -36,9 +36,9 @@ setup(
         # tensorboard: the tests read --tensorboard-logdir's event files back;
         # starlette + uvicorn: the tests run nmt-serve;
         # pytest-xdist: the suite runs on every core (pytest.ini: -n auto, at most 4)
-        "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "hypothesis>=6.100,<7", "psutil>=5.9,<8", "ctranslate2>=4,<5",
-                 "tensorboard>=2.14,<3", "starlette>=0.37,<2", "uvicorn>=0.29,<1",
-                 "subword-nmt>=0.3.8,<0.4", "transformers>=4.40,<6", "safetensors>=0.4,<1"],
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "hypothesis>=6.100,<7", "psutil>=5.9,<8",
+                 "ctranslate2>=4,<5", "tensorboard>=2.14,<3", "starlette>=0.37,<2",
+                 "uvicorn>=0.29,<1", "subword-nmt>=0.3.8,<0.4", "transformers>=4.40,<6", "safetensors>=0.4,<1"],
         "plot": ["matplotlib>=3.7,<4"],   # now a core dependency; kept so nmt[plot] still works
         "tensorboard": ["tensorboard>=2.14,<3"],   # nmt-train --tensorboard-logdir
         "export": ["ctranslate2>=4,<5"],           # nmt-export --format ctranslate2

@@ -8,14 +8,13 @@ module reads, writes and reports progress.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Callable, Iterator, Sequence
 
 import click
@@ -183,7 +182,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
             raise UsageError("--workers translates --input or stdin, not a --split or "
                              "--score-reference")
         resumable = _resumable(cfg, split, paths, device, precision, overwrite, shard)
-        with resumable.lock if resumable is not None else contextlib.nullcontext():
+        with resumable.lock if resumable is not None else nullcontext():
             if shard is not None and resumable.complete:
                 translator = pool = None        # restarted with its share done: do not load
             else:
@@ -284,7 +283,7 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
     # One writer per output, held to the end (``out.lock``): two runs resuming one journal
     # would write their chunks over each other in one partial file. The one process, or
     # rank 0 (which merges), holds OUT's lock; each rank also its shard's, until the merge.
-    lock = contextlib.ExitStack()
+    lock = ExitStack()
     try:
         if shard is None or shard.rank == 0:
             lock.callback(output_lock(cfg.output_path).release)

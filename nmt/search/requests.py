@@ -45,6 +45,7 @@ def lone_surrogate(obj) -> str | None:
             return m.group()
     return None
 
+
 def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     if not line.strip():
         return Request("")

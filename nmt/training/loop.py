@@ -188,14 +188,14 @@ class Run:
         if not decision.numbered:        # a signal off the saving schedule: a resume point
             self.saved_at = self.save(None, numbered=False, deferred=decision.deferred)
             return decision.stop
-        value, improved = self._judge(valid)
+        value, improved = self.judge(valid)
         if valid is not None:
             valid = {**valid, "best": improved}
         self.saved_at = self.save(valid, is_best=improved, deferred=decision.deferred)
         self.policy.saved()
-        return self._out_of_patience(value) or decision.stop
+        return self.out_of_patience(value) or decision.stop
 
-    def _judge(self, valid: dict[str, Any] | None) -> tuple[float | None, bool]:
+    def judge(self, valid: dict[str, Any] | None) -> tuple[float | None, bool]:
         """(score, improved) of a validation at a save: only those compete for
         checkpoint_best.pt and count for --patience (the best score always has a checkpoint)."""
         value = self.selection.value(valid)
@@ -204,7 +204,7 @@ class Run:
             report.best(self.jsonl, self.trainer.num_updates, self.selection.metric, value)
         return value, improved
 
-    def _out_of_patience(self, value: float | None) -> bool:
+    def out_of_patience(self, value: float | None) -> bool:
         if value is None or not self.selection.out_of_patience(self.cfg.patience):
             return False
         if self.is_main:

@@ -85,9 +85,9 @@ def deferred_validation(run) -> bool:
         return True
     if not deferred.get("judge"):
         return False
-    value, improved = run._judge(valid)
+    value, improved = run.judge(valid)
     run.saved_at = run.save(valid and {**valid, "best": improved}, is_best=improved)
-    return run._out_of_patience(value)
+    return run.out_of_patience(value)
 
 
 def resume_point(save_dir, resume: bool, device, is_main: bool) -> tuple[Path, dict] | None:
@@ -313,7 +313,7 @@ def _fmt(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["training_state", "deferred_validation", "resume_point", "check_resumable", "restore", "saved_init_from",
-           "saved_position", "get_rng_state", "set_rng_state", "check_same_data",
+__all__ = ["training_state", "deferred_validation", "resume_point", "check_resumable", "restore",
+           "saved_init_from", "saved_position", "get_rng_state", "set_rng_state", "check_same_data",
            "check_init_data", "check_same_model", "changed_options", "codec_difference",
            "vocabulary_mismatch"]

@@ -21,6 +21,7 @@ import torch
 
 from nmt import checkpoint as ckpt_io
 from nmt.errors import NmtError
+from nmt.io import atomic_write, write_text_atomic
 
 log = logging.getLogger("nmt.train")
 
@@ -55,7 +56,6 @@ def link_or_copy(src: Path, dest: Path) -> None:
         os.link(src, tmp)
         os.replace(tmp, dest)
     except OSError:
-        from nmt.io import atomic_write
         try:
             with open(src, "rb") as fin, atomic_write(dest, "wb") as fout:
                 while chunk := fin.read(1 << 24):
@@ -233,7 +233,6 @@ class SaveDir:
         while dest.exists():
             n += 1
             dest = self.path / f"previous-{stamp}-{n}"
-        from nmt.io import write_text_atomic
         try:
             dest.mkdir()
             for p in old:
