@@ -17,11 +17,19 @@ from nmt.errors import NmtError
 log = logging.getLogger("nmt.io")
 
 
+BOM = "\ufeff"
+
+
 def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise NmtError(f"{name}: line {lineno}: invalid UTF-8 at byte {e.start}") from None
+    # A byte-order mark opening a file (editors on Windows write one) is not text: left in, it
+    # would glue itself to the first word (an unknown token, a BLEU n-gram that never
+    # matches). Python's utf-8-sig drops it the same way; a U+FEFF inside the text stays.
+    if lineno == 1 and text.startswith(BOM):
+        text = text[1:]
     # Only the line terminator is stripped; other whitespace is data.
     if text.endswith("\n"):
         text = text[:-1]
