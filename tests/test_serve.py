@@ -244,6 +244,10 @@ BAD = [  # (body, status, words the reason must contain)
      "diverse_beam_groups 3 must divide the beam size 4"),
     (b'{"text": ["w1"], "replace_unk": 1}', 400, "\"replace_unk\" must be true or false"),
     (b'{"text": ["w1"], "unkpen": "x"}', 400, "\"unkpen\" must be a number"),
+    # a JSON integer too large for a float (a 500 "int too large to convert to float")
+    (b'{"text": ["w1"], "unkpen": 1' + b"0" * 400 + b'}', 400, "\"unkpen\" is too large"),
+    (b'{"text": ["w1"], "beam": 4, "diverse_beam_groups": 2, "diverse_beam_strength": -1'
+     + b"0" * 400 + b'}', 400, "\"diverse_beam_strength\" is too large"),
     (b'{"text": ["w1", "w2"], "prefix": ["w3"]}', 400, "1 prefixes for 2 sentences"),
     (b'{"text": ["w1"], "prefix": [5]}', 400, "\"prefix\"[0] must be a string or null"),
     (b'{"text": ["w1"], "constraints": "w2"}', 400, "\"constraints\" must be a list"),
@@ -341,7 +345,13 @@ def test_bad_command_lines_are_one_line_errors(ckpt, tmp_path):
              ((ckpt, ckpt), "two models named 'tiny'"),
              ((ckpt, f"a={ckpt}", f"a={ckpt}"), "two models named 'a'"),
              ((ckpt, "--max-batch-tokens", 0), "--max-batch-tokens must be >= 1"),
-             ((ckpt, "--max-wait-ms", "nan"), "--max-wait-ms must be >= 0"),
+             ((ckpt, "--max-wait-ms", "nan"), "--max-wait-ms must be between 0 and 60000"),
+             # inf overflowed the batcher's wait and killed its thread at the first request
+             ((ckpt, "--max-wait-ms", "inf"), "--max-wait-ms must be between 0 and 60000"),
+             ((ckpt, "--max-batch-search-tokens", 0), "--max-batch-search-tokens must be >= 1"),
+             ((ckpt, "--max-queued-sentences", 0), "--max-queued-sentences must be >= 1"),
+             ((ckpt, "--max-queued-sentences", 100), "must be at least "
+                                                     "--max-sentences-per-request (512)"),
              ((ckpt, "--port", 70000), "--port must be between 0 and 65535"),
              ((ckpt, "--bogus"), "no such option --bogus")]
     for args, words in cases:
@@ -467,3 +477,120 @@ def test_a_response_with_text_utf8_cannot_hold_still_renders():
         {"translations": ["a \ud800 b"]}
     assert Json({"x": "Straße"}).body == '{"x":"Straße"}'.encode()       # UTF-8 when it can
     assert json.loads(error(404, "unknown model \udfff").body) == {"error": "unknown model \udfff"}
+
+
+def test_a_checkpoint_whose_name_holds_an_equals_sign_is_a_checkpoint(ckpt, tmp_path,
+                                                                      monkeypatch):
+    from nmt.serve.models import ModelSpec, parse_specs
+
+    (tmp_path / "lr=0.001.pt").write_bytes(ckpt.read_bytes())
+    monkeypatch.chdir(tmp_path)             # "lr=0.001.pt" also reads as NAME=CHECKPOINT
+    assert parse_specs(["lr=0.001.pt"]) == [ModelSpec("lr=0.001", "lr=0.001.pt")]
+    assert parse_specs(["a=lr=0.001.pt"]) == [ModelSpec("a", "lr=0.001.pt")]
+
+
+def test_a_prefix_longer_than_the_length_limit_is_cut_there(ckpt):
+    """The tokens of a prefix past a sentence's length limit are never emitted (eos is forced
+    at the limit): the search cuts the prefix there, with the same translation, and its table
+    (repeated for every beam row) stays as small as the search. A 300,000-token prefix sent
+    to nmt-serve for 8 sentences at beam 16 took 660 MB before."""
+    import torch
+
+    from nmt.search.config import SearchConfig
+    from nmt.search.prefix import PrefixConstraints
+    from nmt.search.translator import Translator
+
+    t = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=3, max_len_a=0, max_len_b=4))
+    src = ["w1 w2", "w3"]
+    long, cut = " ".join(["w5", "w6"] * 5000), "w5 w6 w5 w6"
+    got = t.translate_results(src, prefixes=[long, long])
+    same = t.translate_results(src, prefixes=[cut, cut])
+    assert [r.hypotheses[0].token_scores for r in got] == \
+        [r.hypotheses[0].token_scores for r in same]
+    assert all(r.text == cut for r in got)
+    state = PrefixConstraints([list(range(10000)), [1, 2]]).start(
+        torch.ones(2, 3, dtype=torch.long), 16, torch.tensor([4, 1]))
+    assert state.width == 4 and state.forced.shape == (32, 4)
+    assert state.forced[16].tolist() == [1, -1, -1, -1]
+
+
+def test_batches_are_bounded_in_search_steps(ckpt):
+    """Sentences x beam x (longest length limit + 1) stays within max_search_tokens (a
+    request's max_len_b and min_len would otherwise set the decoder cache's size), while a
+    sentence above the bound alone is still decoded; the translations are nmt-generate's."""
+    from nmt.search.config import BatchConfig, SearchConfig
+    from nmt.search.translator import Translator
+    from nmt.serve.batching import Batcher
+
+    batches = []
+
+    class Recording(Translator):
+        def translate_ids(self, ids, **kw):
+            batches.append([len(x) for x in ids])
+            return super().translate_ids(ids, **kw)
+
+    lines = [x for x in mixed_lines(24, seed=4) if x.strip()]
+    search = SearchConfig(beam=2, max_len_a=1.0, max_len_b=6, min_len=3)
+    translator = Translator.from_checkpoint(ckpt, search=search,
+                                            batch=BatchConfig(max_tokens=1000))
+    want = translator.translate(lines)
+    translator.__class__ = Recording
+    # the longest line: 13 subwords, a limit of 19, 20 steps, 40 at beam 2
+    batcher = Batcher(translator, "tiny", max_tokens=1000, max_wait=0.3,
+                      max_search_tokens=100).start()
+    try:
+        future = batcher.submit(translator.search, translator.src_codec.encode_batch(lines),
+                                lines)
+        assert [r.text for r in future.result(60)] == want
+    finally:
+        batcher.stop()
+    assert sum(map(len, batches)) == len(lines)
+    for widths in batches:
+        assert len(widths) == 1 or len(widths) * 2 * (max(widths) + 6 + 1) <= 100, batches
+    assert max(map(len, batches)) > 1
+
+
+def test_a_full_queue_refuses_with_503_and_retry_after(ckpt, tmp_path):
+    """A model's queue holds at most --max-queued-sentences: a request that would pass it gets
+    503 with Retry-After at once; the requests already queued are answered."""
+    s = Server(tmp_path, ckpt, "--max-wait-ms", 5000, "--max-sentences-per-request", 3,
+               "--max-queued-sentences", 4, verbose=True).wait_ready()
+    try:
+        body = json.dumps({"text": ["w1 w2", "w3", "w4"]}).encode()
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(raw, s.url, "POST", "/translate", body)
+            s.wait_for(r"3 sentences queued")  # waiting up to 5 s for company
+            conn = http.client.HTTPConnection(s.url.split("//")[1], timeout=60)
+            conn.request("POST", "/translate", body=body)
+            r = conn.getresponse()
+            assert r.status == 503 and r.getheader("Retry-After") == "1"
+            assert "--max-queued-sentences" in json.loads(r.read())["error"]
+            conn.close()
+            status, answer = first.result(60)
+        assert status == 200 and len(json.loads(answer)["translations"]) == 3
+    finally:
+        assert s.stop() == 0, s.stderr()
+
+
+def test_a_failed_decoding_thread_fails_every_request_and_readiness(ckpt):
+    """Should the batcher's own thread fail (outside a batch), the requests waiting and every
+    later one get the error instead of waiting forever."""
+    from nmt.search.translator import Translator
+    from nmt.serve.batching import Batcher, Stopping
+
+    translator = Translator.from_checkpoint(ckpt)
+    batcher = Batcher(translator, "tiny", max_tokens=40, max_wait=0.2)
+
+    def broken(search):
+        raise OverflowError("timestamp out of range")
+
+    batcher._gather = broken
+    ids = translator.src_codec.encode_batch(["w1 w2"])
+    waiting = batcher.submit(translator.search, ids, ["w1 w2"])
+    batcher.start()
+    with pytest.raises(OverflowError, match="timestamp out of range"):
+        waiting.result(60)
+    assert isinstance(batcher.broken, OverflowError)
+    with pytest.raises(Stopping, match="its decoding thread failed"):
+        batcher.submit(translator.search, ids, ["w1 w2"])
+    batcher.stop(10)

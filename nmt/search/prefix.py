@@ -29,9 +29,14 @@ class PrefixConstraints:
         if len(self.prefixes) != src_tokens.size(0):
             raise ValueError(f"{len(self.prefixes)} prefixes for a batch of "
                              f"{src_tokens.size(0)} sentences")
-        width = max((p.size for p in self.prefixes), default=0)
-        table = np.full((len(self.prefixes), max(width, 1)), -1, dtype=np.int64)
-        for b, p in enumerate(self.prefixes):
+        # A prefix token past a sentence's length limit is never emitted (the limit forces
+        # eos there): cut each prefix at its limit, so that the table, repeated for every beam
+        # row, is no larger than the search (a prefix of 300,000 tokens sent to nmt-serve).
+        limits = max_len.tolist()
+        cut = [p[:int(n)] for p, n in zip(self.prefixes, limits)]
+        width = max((p.size for p in cut), default=0)
+        table = np.full((len(cut), max(width, 1)), -1, dtype=np.int64)
+        for b, p in enumerate(cut):
             table[b, :p.size] = p
         forced = torch.from_numpy(table).to(src_tokens.device).repeat_interleave(beam, 0)
         return PrefixState(forced, width)

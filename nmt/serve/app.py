@@ -2,14 +2,16 @@
 
     GET  /health      200 {"status": "ok"} while the process runs
     GET  /ready       200 {"status": "ready", "models": [...]} once every model is loaded,
-                      503 {"status": "loading", ...} before
+                      503 {"status": "loading", ...} before (or "failed": a model could not
+                      be loaded, or its decoding thread failed)
     POST /translate   {"text": [...], ...} (nmt.serve.requests) -> {"translations": [...]}
 
 Every error is JSON, ``{"error": "one-line reason"}``, with a 4xx status for what the client
 sent (400 bad JSON or fields, 404 unknown model or path, 405 wrong method, 413 too large) and
-503 while models load or the server stops. The event loop only reads, checks and answers:
-sentences are encoded on Starlette's thread pool and decoded by each model's batcher thread
-(nmt.serve.batching), so /health answers during a long batch.
+503 while models load or the server stops, or when a model's queue is full (with
+Retry-After). The event loop only reads, checks and answers: sentences are encoded on
+Starlette's thread pool and decoded by each model's batcher thread (nmt.serve.batching), so
+/health answers during a long batch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from nmt.serve.batching import Stopping
+from nmt.serve.batching import QueueFull, Stopping
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import Models
 from nmt.serve.requests import RequestError, encode, parse_json, parse_request
@@ -76,6 +78,9 @@ def create_app(models: Models, cfg: ServeConfig,
         return Json({"status": "ok"})
 
     async def ready(request: Request) -> JSONResponse:
+        if models.ready.is_set() and (broken := models.broken):
+            return Json({"status": "failed", "models": models.names, "failed": broken},
+                        status_code=503)
         if models.ready.is_set():
             return Json({"status": "ready", "models": models.names})
         return Json({"status": "loading" if models.error is None else "failed",
@@ -100,6 +105,8 @@ def create_app(models: Models, cfg: ServeConfig,
             return error(e.status, str(e))
         except Stopping as e:
             return error(503, str(e))
+        except QueueFull as e:
+            return error(503, str(e), headers={"Retry-After": "1"})
         except Exception as e:  # noqa: BLE001 - one JSON line for the client, not a traceback
             log.error("POST /translate failed: %s: %s", type(e).__name__, e)
             return error(500, f"internal error: {type(e).__name__}: {e}")

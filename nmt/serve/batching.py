@@ -2,18 +2,24 @@
 into batches.
 
 A request's sentences (already encoded) and its decoding options (a resolved SearchConfig)
-wait in one queue, oldest first. The worker takes the oldest sentence's options and gathers,
+wait in one queue, oldest first, of at most ``max_queued`` sentences (a request that would
+pass it is refused: QueueFull). The worker takes the oldest sentence's options and gathers,
 in arrival order, the waiting sentences with equal options until the next one would take the
 batch past ``max_tokens`` source tokens (the longest source + eos, times the sentences:
-padding included, as the Translator counts) or until the oldest has waited ``max_wait``
-seconds, then decodes them with ``Translator.translate_ids``. Sentences that arrive while a
+padding included, as the Translator counts) or past ``max_search_tokens`` search steps (the
+sentences times the beam times the longest length limit + 1: the decoder's cache and work,
+which a request's max_len and min_len would otherwise make as large as it likes), or until
+the oldest has waited ``max_wait`` seconds, then decodes them with
+``Translator.translate_ids``. Sentences that arrive while a
 batch decodes are waiting already when it ends, so a busy server batches without waiting.
 Whatever a batch holds, each sentence gets the translation it gets alone: beam search is
 batch-invariant (tests/test_translator.py), and options never mix.
 
 A request's result is a ``concurrent.futures.Future`` (the HTTP side awaits it with
 ``asyncio.wrap_future``), set once all its sentences are decoded, possibly across batches.
-``stop()`` refuses new work, decodes what is waiting, and ends the thread.
+``stop()`` refuses new work, decodes what is waiting, and ends the thread. Should the worker
+itself fail outside a batch, every waiting request gets the error, and so does every later
+one (``broken``; /ready then answers 503).
 """
 
 from __future__ import annotations
@@ -29,13 +35,20 @@ from typing import Sequence
 
 import numpy as np
 
+import torch
+
 from nmt.search.config import SearchConfig
+from nmt.search.generator import max_lengths
 
 log = logging.getLogger("nmt.serve")
 
 
 class Stopping(Exception):
-    """The batcher is stopping and takes no new work."""
+    """The batcher is stopping (or has failed) and takes no new work."""
+
+
+class QueueFull(Exception):
+    """The batcher's queue holds as many sentences as it may: try again later."""
 
 
 @dataclass
@@ -57,17 +70,21 @@ class _Item:
     prefix: Sequence[int]      # forced target prefix ids (empty: none)
     constraints: Sequence      # lexical constraints' target ids (empty: none)
     arrival: float
+    steps: int                 # its length limit + 1 (the eos): the search's steps at most
 
 
 class Batcher:
     """Decodes the sentences submitted to one Translator in dynamic batches, on one thread."""
 
-    def __init__(self, translator, name: str, max_tokens: int, max_wait: float):
+    def __init__(self, translator, name: str, max_tokens: int, max_wait: float,
+                 max_search_tokens: int = 65536, max_queued: int = 16384):
         self.translator, self.name = translator, name
         self.max_tokens, self.max_wait = max_tokens, max_wait
+        self.max_search_tokens, self.max_queued = max_search_tokens, max_queued
         self._pending: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self.broken: BaseException | None = None     # why the worker ended, if it failed
         self._thread = threading.Thread(target=self._run, name=f"nmt-serve-{name}", daemon=True)
 
     def start(self) -> "Batcher":
@@ -84,13 +101,24 @@ class Batcher:
         if not ids:
             job.future.set_result([])
             return job.future
+        lengths = torch.tensor([x.size for x in ids])
+        steps = (max_lengths(lengths, search, self.translator.ensemble.max_positions) + 1
+                 ).tolist()
         now = time.monotonic()
         with self._cond:
+            if self.broken is not None:
+                raise Stopping(f"model '{self.name}' cannot decode: its decoding thread failed "
+                               f"({type(self.broken).__name__}: {self.broken})")
             if self._stopping:
                 raise Stopping(f"model '{self.name}' is shutting down")
+            if len(self._pending) + len(ids) > self.max_queued:
+                raise QueueFull(f"model '{self.name}' has {len(self._pending)} sentences "
+                                f"waiting; this server queues at most {self.max_queued} "
+                                f"(--max-queued-sentences): try again later")
             for i, x in enumerate(ids):
                 self._pending.append(_Item(job, i, x, prefixes[i] if prefixes else (),
-                                           constraints[i] if constraints else (), now))
+                                           constraints[i] if constraints else (), now,
+                                           steps[i]))
             self._cond.notify()
         log.debug("model '%s': %d sentences queued", self.name, len(ids))
         return job.future
@@ -105,17 +133,26 @@ class Batcher:
 
     # --- the worker -------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            items = self._next_batch()
-            if items is None:
-                return
-            try:
-                self._decode(items)
-            except BaseException as e:  # noqa: BLE001 - the thread must outlive any one batch
-                log.error("model '%s': a batch ended in an error outside decoding: %s: %s",
-                          self.name, type(e).__name__, e)
-                for job in {id(it.job): it.job for it in items}.values():
-                    _settle(job.future, error=e)
+        try:
+            while True:
+                items = self._next_batch()
+                if items is None:
+                    return
+                try:
+                    self._decode(items)
+                except BaseException as e:  # noqa: BLE001 - the thread outlives any one batch
+                    log.error("model '%s': a batch ended in an error outside decoding: %s: %s",
+                              self.name, type(e).__name__, e)
+                    for job in {id(it.job): it.job for it in items}.values():
+                        _settle(job.future, error=e)
+        except BaseException as e:  # noqa: BLE001 - no request may wait for a dead thread
+            log.error("model '%s': the decoding thread failed: %s: %s", self.name,
+                      type(e).__name__, e)
+            with self._cond:
+                self.broken = e
+                waiting, self._pending = self._pending, deque()
+            for job in {id(it.job): it.job for it in waiting}.values():
+                _settle(job.future, error=e)
 
     def _next_batch(self) -> list[_Item] | None:
         """The next batch to decode (waiting for it to fill or time out); None when stopped
@@ -140,16 +177,19 @@ class Batcher:
         """The waiting sentences with options ``search``, oldest first, that fit in one batch
         (always at least one); and whether the batch is full."""
         chosen: list[_Item] = []
-        width = 0                                # longest source in the batch, with eos
+        width = steps = 0                # longest source in the batch with eos; most steps
         for item in self._pending:
             if item.job.search != search:
                 continue
-            w = max(width, item.ids.size + 1)
-            if chosen and w * (len(chosen) + 1) > self.max_tokens:
+            w, t = max(width, item.ids.size + 1), max(steps, item.steps)
+            n = len(chosen) + 1
+            if chosen and (w * n > self.max_tokens
+                           or n * search.beam * t > self.max_search_tokens):
                 return chosen, True
             chosen.append(item)
-            width = w
-        return chosen, width * len(chosen) >= self.max_tokens
+            width, steps = w, t
+        return chosen, (width * len(chosen) >= self.max_tokens
+                        or len(chosen) * search.beam * steps >= self.max_search_tokens)
 
     def _decode(self, items: list[_Item]) -> None:
         # the sentences of a request that failed in an earlier batch are not decoded
@@ -201,4 +241,4 @@ def _settle(future: Future, result=None, error: BaseException | None = None) -> 
         pass
 
 
-__all__ = ["Batcher", "Stopping"]
+__all__ = ["Batcher", "Stopping", "QueueFull"]

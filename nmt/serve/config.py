@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from nmt.errors import UsageError
 from nmt.options import option
 
+MAX_WAIT_MS = 60_000          # a minute; a larger wait (inf) overflows the batcher's timeout
+
 
 @dataclass
 class ServeConfig:
@@ -22,8 +24,16 @@ class ServeConfig:
         2048, "Decode together the waiting sentences (of requests with equal decoding options) "
               "up to this many source tokens, padding and eos included.")
     max_wait_ms: float = option(
-        10.0, "... or once the oldest waiting sentence has waited this long (milliseconds); "
-              "sentences that arrive while a batch decodes join the next one without waiting.")
+        10.0, "... or once the oldest waiting sentence has waited this long (milliseconds, at "
+              "most 60000); sentences that arrive while a batch decodes join the next one "
+              "without waiting.")
+    max_batch_search_tokens: int = option(
+        65536, "... and at most this many search steps: sentences x beam x the longest length "
+               "limit among them (+1, the eos). Bounds a batch's decoder cache and time whatever "
+               "a request's beam, max_len and min_len; a sentence above it is decoded alone.")
+    max_queued_sentences: int = option(
+        16384, "Most sentences waiting to be decoded, per model; a request that would pass it "
+               "is refused (503, Retry-After) instead of queued.")
     # --- request limits (nmt.serve.requests) ---
     max_request_bytes: int = option(1 << 20, "Largest request body, in bytes (413 above).")
     max_sentences_per_request: int = option(512, "Most sentences in one request (413 above).")
@@ -39,13 +49,20 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port must be between 0 and 65535, got {self.port}")
-        for name in ("max_batch_tokens", "max_request_bytes", "max_sentences_per_request",
-                     "max_sentence_tokens", "max_beam", "max_output_tokens"):
+        for name in ("max_batch_tokens", "max_batch_search_tokens", "max_queued_sentences",
+                     "max_request_bytes", "max_sentences_per_request", "max_sentence_tokens",
+                     "max_beam", "max_output_tokens"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, name)}")
-        if not self.max_wait_ms >= 0:          # also refuses nan
-            raise UsageError(f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
+        if self.max_queued_sentences < self.max_sentences_per_request:
+            raise UsageError(f"--max-queued-sentences ({self.max_queued_sentences}) must be at "
+                             f"least --max-sentences-per-request "
+                             f"({self.max_sentences_per_request}), or a request within "
+                             f"the limits could never be queued")
+        if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:          # also refuses nan and inf
+            raise UsageError(f"--max-wait-ms must be between 0 and {MAX_WAIT_MS}, got "
+                             f"{self.max_wait_ms}")
 
 
 __all__ = ["ServeConfig"]

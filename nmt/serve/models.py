@@ -35,7 +35,8 @@ def parse_specs(args: Sequence[str]) -> list[ModelSpec]:
     specs: list[ModelSpec] = []
     for arg in args:
         name, sep, path = arg.partition("=")
-        if not sep or not _NAME.fullmatch(name):
+        # A file whose name holds "=" (lr=0.001.pt) is a CHECKPOINT, not NAME=CHECKPOINT.
+        if not sep or not _NAME.fullmatch(name) or Path(arg).is_file():
             name, path = Path(arg).stem, arg
         if not path:
             raise UsageError(f"'{arg}': no checkpoint after '='")
@@ -107,9 +108,15 @@ class Models:
                  "sources up to %d subwords, on %s, %s", spec.name, spec.path, s.beam, s.lenpen,
                  s.max_len_a, s.max_len_b, translator.max_source_len, translator.device,
                  self.precision)
-        batcher = Batcher(translator, spec.name, cfg.max_batch_tokens, cfg.max_wait_ms / 1000)
+        batcher = Batcher(translator, spec.name, cfg.max_batch_tokens, cfg.max_wait_ms / 1000,
+                          cfg.max_batch_search_tokens, cfg.max_queued_sentences)
         return ServedModel(spec.name, spec.path, translator, batcher.start(),
                            translator.max_source_len)
+
+    @property
+    def broken(self) -> list[str]:
+        """The names of the models whose decoding thread has failed."""
+        return [name for name, m in list(self.loaded.items()) if m.batcher.broken is not None]
 
     def stop(self) -> None:
         """Finish the sentences waiting in every batcher, then end their threads."""

@@ -140,6 +140,12 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> Se
         if isinstance(v, bool) or not ok:
             raise RequestError(400, f"\"{key}\" must be {'an integer' if integer else 'a number'}"
                                     f", got {_kind(v) if not isinstance(v, float) else v}")
+        if not integer:
+            # A JSON integer has no bound, a float has: 1 followed by 400 zeros is no float.
+            try:
+                v = float(v)
+            except OverflowError:
+                raise RequestError(400, f"\"{key}\" is too large a number") from None
         return v
 
     beam = number("beam", True)
@@ -240,8 +246,12 @@ def encode(req: TranslateRequest, cfg: ServeConfig
             raise RequestError(400, f"max_len_a * {longest} + max_len_b allows more than "
                                     f"{cfg.max_output_tokens} output tokens "
                                     f"(--max-output-tokens)")
-    prefixes = None if req.prefixes is None else [t.tgt_codec.encode(p) if p else []
-                                                  for p in req.prefixes]
+    prefixes = None
+    if req.prefixes is not None:
+        # One string for every sentence is encoded once (the search cuts each at its limit).
+        memo: dict[str, list[int]] = {}
+        prefixes = [(memo[p] if p in memo else memo.setdefault(p, t.tgt_codec.encode(p)))
+                    if p else [] for p in req.prefixes]
     return ids, prefixes, _encode_constraints(req, ids, prefixes)
 
 
