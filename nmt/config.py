@@ -23,7 +23,7 @@ from nmt.specials import START_IDS
 # from max_len_a/max_len_b, beams); nmt.checkpoint_shapes checks the rest against the tensors.
 LIMITS = {"encoder_layers": 1024, "decoder_layers": 1024, "d_model": 65536, "d_ff": 1 << 20,
           "heads": 4096, "d_k": 65536, "d_v": 65536, "max_positions": 65536, "beam": 1024,
-          "max_len_a": 64, "max_len_b": 65536}
+          "max_len_a": 64, "max_len_b": 65536, "min_len": 65536}
 
 
 @dataclass
@@ -63,6 +63,7 @@ class ModelConfig:
     lenpen_formula: str = "gnmt"     # nmt.search.length_penalty.FORMULAS
     max_len_a: float = 1.0           # max output length = a * source length + b
     max_len_b: int = 50
+    min_len: int = 0                 # no eos before this many tokens (fairseq's generator: 1)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,8 +109,9 @@ class ModelConfig:
             if getattr(self, name) not in allowed:
                 raise bad(f"{name} must be one of {', '.join(allowed)}, "
                           f"got '{getattr(self, name)}'")
-        if self.position_offset < 0:
-            raise bad(f"position_offset must be >= 0, got {self.position_offset}")
+        for name in ("position_offset", "min_len"):
+            if getattr(self, name) < 0:
+                raise bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lenpen < 0:
             raise bad(f"lenpen must be >= 0, got {self.lenpen}")
         for name in ("lenpen", "max_len_a", "layer_norm_eps"):

@@ -327,7 +327,8 @@ def export_info(ckpt: dict, model, src_codec, tgt_codec, quantization: str, ct2_
         "specials": {s: i for i, s in enumerate(SPECIALS)},
         "decoding": {"beam": cfg.beam, "lenpen": cfg.lenpen,
                      "lenpen_formula": cfg.lenpen_formula, "max_len_a": cfg.max_len_a,
-                     "max_len_b": cfg.max_len_b, "max_source_len": max_source,
+                     "max_len_b": cfg.max_len_b, "min_len": cfg.min_len,
+                     "max_source_len": max_source,
                      # CTranslate2's max_decoding_length may not exceed it: nmt's own cap
                      # with learned positions, the position table's rows with sinusoids.
                      "max_output_len": (cfg.max_positions - 1) if learned else position_rows(cfg)},
@@ -348,7 +349,7 @@ def _check_destination(out: str | os.PathLike, force: bool,
             raise NmtError(f"{dest}: exists and is not empty (use --force to replace it)")
         if any(dest.iterdir()) and not _is_export(dest):
             raise NmtError(f"{dest}: is not a model directory nmt-export wrote (no "
-                           f"nmt_export.json, nor config.json with its weights), and --force "
+                           f"nmt_export.json, nor a config.json with nmt's mark), and --force "
                            f"replaces only one; give another directory, or remove it yourself")
         if dest.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
             raise NmtError(f"{dest}: is the current directory or one above it, which --force "
@@ -357,9 +358,12 @@ def _check_destination(out: str | os.PathLike, force: bool,
 
 
 def _is_export(d: Path) -> bool:
-    """A directory nmt-export wrote: CTranslate2's (nmt_export.json) or a Marian one."""
-    return (d / "nmt_export.json").is_file() or ((d / "config.json").is_file() and any(
-        (d / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")))
+    """A directory nmt-export wrote: CTranslate2's (nmt_export.json) or a Marian one (its
+    config.json carries nmt's own key; a Marian model downloaded from the Hub has none, and
+    --force must not delete it)."""
+    from nmt.export_hf import is_hf_export
+
+    return (d / "nmt_export.json").is_file() or is_hf_export(d)
 
 
 # --- README.txt and translate.py: templates in nmt/resources/export ---------------------------
@@ -394,7 +398,8 @@ def python_snippet(info: dict) -> str:
                      extra_imports="".join("\n" + line for line in imports),
                      beam=dec["beam"], alpha=repr(dec["lenpen"]),
                      max_len_a=repr(dec["max_len_a"]), max_len_b=dec["max_len_b"],
-                     max_source_len=dec["max_source_len"], max_output_len=dec["max_output_len"],
+                     min_len=dec.get("min_len", 0), max_source_len=dec["max_source_len"],
+                     max_output_len=dec["max_output_len"],
                      setup="\n".join(setup), to_pieces="\n".join(to_pieces),
                      from_pieces="\n".join(from_pieces),
                      score=SNIPPET_SCORES[dec.get("lenpen_formula", "gnmt") == "gnmt"])
@@ -546,7 +551,10 @@ def _readme_settings(info: dict) -> str:
         (f"  output pieces (a={a:g}, b={b})", f"{cap}; one number per"),
         ("", "translate_batch call: translate the sentences with the same"),
         ("", "limit together, as translate.py does"),
-        ("an empty output is allowed", "min_decoding_length=0 (default 1)"),
+        (("an empty output is allowed", "min_decoding_length=0 (default 1)")
+         if not dec.get("min_len") else
+         (f"no </s> before {dec['min_len']} pieces", f"min_decoding_length={dec['min_len']} "
+                                                      f"(default 1)")),
         (f"sources cut at {dec['max_source_len']} pieces",
          "cut them yourself and max_input_length=0, or"),
         ("", f"max_input_length={dec['max_source_len'] + 1} (it counts the </s> that "

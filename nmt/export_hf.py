@@ -138,6 +138,16 @@ def marian_config(cfg, vocab_size: int) -> dict:
     }
 
 
+def is_hf_export(d: Path) -> bool:
+    """Whether ``d`` holds a Marian directory nmt-export wrote: its config.json carries nmt's
+    own key (MARK), which a model from elsewhere (the Hub's) has not."""
+    try:
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and MARK in config
+
+
 def generation_config(cfg, name: str) -> dict:
     """generation_config.json: nmt's preset decoding, as near as transformers can follow it."""
     if cfg.lenpen_formula == "gnmt" and cfg.lenpen and cfg.beam > 1:
@@ -151,10 +161,15 @@ def generation_config(cfg, name: str) -> dict:
                     max_length)
     else:
         max_length = cfg.max_len_b + 2        # the start symbol and the forced eos
-    return {"decoder_start_token_id": cfg.start_id, "pad_token_id": PAD, "eos_token_id": EOS,
-            "forced_eos_token_id": EOS, "bad_words_ids": [[PAD], [BOS]],
-            "num_beams": cfg.beam, "length_penalty": cfg.lenpen,
-            "early_stopping": cfg.lenpen_formula == "fairseq", "max_length": max_length}
+    gen = {"decoder_start_token_id": cfg.start_id, "pad_token_id": PAD, "eos_token_id": EOS,
+           "forced_eos_token_id": EOS, "bad_words_ids": [[PAD], [BOS]],
+           "num_beams": cfg.beam, "length_penalty": cfg.lenpen,
+           "early_stopping": cfg.lenpen_formula == "fairseq", "max_length": max_length}
+    if cfg.min_len:
+        # transformers counts the start symbol in min_length: no eos while the output,
+        # start included, is shorter
+        gen["min_length"] = cfg.min_len + 1
+    return gen
 
 
 def export_huggingface(ckpt: dict, dest: Path, name: str) -> Path:

@@ -278,7 +278,7 @@ def test_directory_contents_map_ids_as_nmt(trained, tmp_path):
             config["decoder_start_token"]) == ("<s>", "</s>", "<unk>", "<s>")
     info = json.loads((out / "nmt_export.json").read_text())
     assert info["decoding"] == {"beam": 4, "lenpen": 0.6, "lenpen_formula": "gnmt",
-                                "max_len_a": 1.0, "max_len_b": 50,
+                                "max_len_a": 1.0, "max_len_b": 50, "min_len": 0,
                                 "max_source_len": 1024, "max_output_len": 1075}
     readme = (out / "README.txt").read_text(encoding="utf-8")
     for needed in ("beam_size=4", "min_decoding_length=0", "max_input_length=1025",
@@ -350,6 +350,15 @@ def test_cli_bad_input_is_one_line(ckpt_file, tmp_path):
     code, out, err = invoke([ckpt_file, busy, "--force"])
     assert code == 1 and "is not a model directory nmt-export wrote" in one_line(err)
     assert os.listdir(busy) == ["keep.txt"]
+
+    # ... nor a Marian model from elsewhere (the Hub's has no nmt mark in its config.json)
+    hub = tmp_path / "opus-mt-en-de"
+    hub.mkdir()
+    (hub / "config.json").write_text('{"model_type": "marian"}')
+    (hub / "model.safetensors").write_bytes(b"weights")
+    code, out, err = invoke([ckpt_file, hub, "--force"])
+    assert code == 1 and "is not a model directory nmt-export wrote" in one_line(err)
+    assert sorted(os.listdir(hub)) == ["config.json", "model.safetensors"]
 
     code, out, err = invoke([ckpt_file, tmp_path, "--force"])       # where the checkpoint is
     assert code == 1 and "holds the checkpoint" in one_line(err) and ckpt_file.is_file()

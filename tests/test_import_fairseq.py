@@ -307,3 +307,90 @@ def test_overwrite_lines_that_repeat_a_symbol_are_refused_by_name(tmp_path):
         load_dictionary(path)
     path.write_text("hello 5\nworld 3 #fairseq:overwrite\n", encoding="utf-8")
     assert len(load_dictionary(path)) == 6      # an overwrite of nothing is an ordinary row
+
+
+def test_an_import_never_ends_before_its_first_token_as_fairseq(imported, tmp_path):
+    """fairseq's SequenceGenerator forbids eos at the first step (min_len 1): a short source
+    never translates to nothing there. The import's preset says so (min_len 1); without it
+    these three lines came out empty."""
+    from nmt.checkpoint import load_checkpoint, model_config
+
+    model = imported("postnorm_shared")
+    assert model_config(load_checkpoint(model)).min_len == 1
+    src = tmp_path / "short.en"
+    src.write_text("wagen\nel\n.\n", encoding="utf-8")
+    run = [model, "-i", src, "--output-format", "jsonl", "--threads", "1", "-q"]
+    preset = [json.loads(x) for x in invoke(generate_main, run).splitlines()]
+    assert len(preset) == 3 and all(h["translation"] and h["tokens"][0] != "</s>"
+                                    for h in preset), preset
+    free = [json.loads(x) for x in invoke(generate_main, [*run, "--min-len", "0"]).splitlines()]
+    assert [h["translation"] for h in free] == ["", "", ""]
+
+
+def test_the_output_never_replaces_an_input_and_bad_subword_files_are_named(tmp_path):
+    """-o naming the fairseq checkpoint (or a file of the dictionary directory) would replace
+    the model being imported: refused before any work. A codes file or sentencepiece model
+    that cannot be read is named in the one-line error."""
+    fix = tmp_path / "fix"
+    shutil.copytree(FIXTURES / "postnorm_shared", fix)
+    before = (fix / "checkpoint_last.pt").read_bytes()
+    for out in (fix / "checkpoint_last.pt", fix / "dict.en.txt", fix / "bpecodes"):
+        r = CliRunner().invoke(import_main, [*import_args(fix), "-o", str(out)])
+        assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "an input of this import" in r.stderr and "give another -o" in r.stderr
+    assert (fix / "checkpoint_last.pt").read_bytes() == before
+    bad = tmp_path / "codes.txt"
+    bad.write_text("a b c\n", encoding="utf-8")
+    r = CliRunner().invoke(import_main, ["fairseq", str(fix / "checkpoint_last.pt"), "--data",
+                                         str(fix), "--bpe-codes", str(bad), "--moses", "en-de",
+                                         "-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.startswith(f"nmt-import: error: {bad}: "), r.stderr
+    spm = tmp_path / "bad.model"
+    spm.write_bytes(b"not a model")
+    r = CliRunner().invoke(import_main, ["fairseq", str(fix / "checkpoint_last.pt"), "--data",
+                                         str(fix), "--sentencepiece", str(spm), "-s", "en",
+                                         "-t", "de", "-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.startswith(f"nmt-import: error: {spm}: "), r.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def recorded_checkpoint(tmp_path: Path, **sections) -> Path:
+    """A fixture checkpoint whose cfg records a text pipeline (cfg.tokenizer, cfg.bpe), as
+    fairseq-train --tokenizer moses --bpe subword_nmt ... saves it."""
+    from nmt.importers.safe_pickle import load_foreign, plain
+
+    ckpt = plain(load_foreign(FIXTURES / "postnorm_shared" / "checkpoint_last.pt", "fixture"))
+    ckpt["cfg"]["model"] = argparse.Namespace(**ckpt["cfg"]["model"])
+    ckpt["cfg"].update(sections)
+    dest = tmp_path / "recorded.pt"
+    torch.save(ckpt, dest)
+    return dest
+
+
+@pytest.mark.parametrize("sections, extra, named", [
+    ({"bpe": {"_name": "sentencepiece", "sentencepiece_model": "spm.model"}}, [],
+     "records bpe=sentencepiece: give its model with --sentencepiece"),
+    ({"bpe": {"_name": "fastbpe", "bpe_codes": "codes"}}, [], "bpe=fastbpe, which nmt cannot"),
+    ({"bpe": {"_name": "subword_nmt", "bpe_separator": "++"}}, [], "bpe_separator='++'"),
+    ({"tokenizer": {"_name": "moses", "moses_no_escape": True}}, [],
+     "moses_no_escape=True: add --moses-no-escape"),
+    ({"tokenizer": {"_name": "moses"}}, ["--moses-no-dash-splits"],
+     "moses_no_dash_splits=False: leave out --moses-no-dash-splits"),
+])
+def test_a_recorded_text_pipeline_must_be_the_one_given(tmp_path, sections, extra, named):
+    """fairseq's hub interface applies the tokenizer and BPE a checkpoint records; an import
+    given another pipeline would read text differently from the model's training. Refused
+    in one line naming the option; the same pipeline given imports."""
+    ckpt = recorded_checkpoint(tmp_path, **sections)
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+                           + [*extra, "-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert named in r.stderr and not (tmp_path / "m.pt").exists()
+
+
+def test_the_recorded_pipeline_given_imports(tmp_path):
+    ckpt = recorded_checkpoint(tmp_path, bpe={"_name": "subword_nmt", "bpe_separator": "@@"},
+                               tokenizer={"_name": "moses", "moses_no_escape": False})
+    invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+           + ["-o", tmp_path / "m.pt"])
+    assert (tmp_path / "m.pt").is_file()

@@ -129,10 +129,10 @@ def imported(marian, tmp_path_factory):
     return out
 
 
-def hf_translate(d: Path, model, lines, beams: int) -> list[str]:
+def hf_translate(d: Path, model, lines, beams: int, **generate) -> list[str]:
     tok = MarianTokenizer.from_pretrained(d)
     out = model.generate(**tok(lines, return_tensors="pt", padding=True), num_beams=beams,
-                         do_sample=False, max_new_tokens=MAX_NEW + 1)
+                         do_sample=False, max_new_tokens=MAX_NEW + 1, **generate)
     # the target side with target.spm (this transformers' default decodes with source.spm)
     return tok.batch_decode(out, skip_special_tokens=True, use_source_tokenizer=False)
 
@@ -470,6 +470,72 @@ def test_badly_typed_generation_settings_are_refused_in_one_line(marian, tmp_pat
     r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(tmp_path / "x.pt")])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
     assert named in r.stderr and "cannot import" in r.stderr
+
+
+def test_min_length_is_followed_as_transformers_follows_it(marian, tmp_path):
+    """generation_config.json's min_length counts the decoder's start symbol: min_length 8 is
+    no eos before 7 pieces (nmt's min_len), and beam search then gives transformers' output.
+    Generation settings nmt cannot follow are named in a warning, and config.json's are not
+    read when generation_config.json is there (as transformers does)."""
+    d0, model, src, _ = marian
+    d = copy_marian(marian, tmp_path / "minlen")
+    gen = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps(
+        {**gen, "min_length": 8, "suppress_tokens": [5]}))
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "num_beams": 2}))
+    r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "m.pt")
+    assert "suppress_tokens=[5]" in r.stderr, r.stderr
+    cfg = load_checkpoint(tmp_path / "m.pt")["model_config"]
+    assert (cfg["min_len"], cfg["beam"]) == (7, 4)
+    t = Translator.from_checkpoint(tmp_path / "m.pt", search=SearchConfig(
+        beam=4, max_len_a=0.0, max_len_b=MAX_NEW))
+    got = t.translate(src)
+    assert got == hf_translate(d0, model, src, 4, min_length=8)
+    assert got != hf_translate(d0, model, src, 4)         # it decides some lines
+
+
+def test_rows_vocab_json_does_not_name_keep_their_share_of_probability(marian, tmp_path):
+    """A model with 4 vocabulary rows more than vocab.json names: transformers' softmax runs
+    over every row, so nmt keeps them (under placeholder names) and its log-probabilities
+    stay transformers'; dropping them shifted every one."""
+    d0, _, src, tgt = marian
+    d = tmp_path / "extra-rows"
+    d.mkdir()
+    vocab = json.loads((d0 / "vocab.json").read_text())
+    protos = [(d0 / f"{side}.spm").read_bytes() for side in ("source", "target")]
+    model = write_marian(d, vocab, protos, seed=3, vocab_size=len(vocab) + 4,
+                         decoder_vocab_size=len(vocab) + 4)
+    r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "m.pt")
+    assert "the other 4 are kept under placeholder names" in r.stderr, r.stderr
+    t = Translator.from_checkpoint(tmp_path / "m.pt")
+    assert [x for x in t.tgt_codec.dictionary.symbols if x.startswith("<unnamed-")] == \
+        [f"<unnamed-{i}>" for i in range(len(vocab), len(vocab) + 4)]
+    tok = MarianTokenizer.from_pretrained(d)
+    enc = tok(src[:8], text_target=tgt[:8], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                       labels=enc.labels).logits
+    want = logits.log_softmax(-1).gather(2, enc.labels.unsqueeze(2)).squeeze(2)
+    for i, s in enumerate(score_pairs(t, src[:8], tgt[:8])):
+        n = int(enc.labels[i].ne(tok.pad_token_id).sum())
+        assert torch.allclose(torch.tensor(s.token_scores), want[i, :n], atol=1e-4, rtol=0)
+
+
+def test_min_len_goes_to_transformers_and_back():
+    """An nmt preset's min_len is exported as transformers' min_length (start symbol
+    counted) and imported back; min_new_tokens counts no start symbol."""
+    from nmt.export_hf import generation_config
+    from nmt.importers.huggingface import generation_preset
+    from nmt.specials import EOS, PAD
+
+    specials = {PAD: PAD, EOS: EOS}
+    assert generation_config(nmt.config.ModelConfig(min_len=3), "x")["min_length"] == 4
+    assert "min_length" not in generation_config(nmt.config.ModelConfig(), "x")
+    for gen, want in (({"min_length": 4}, 3), ({"min_new_tokens": 5}, 5),
+                      ({"min_length": 4, "min_new_tokens": 2}, 3), ({}, 0),
+                      ({"min_length": 1}, 0)):
+        assert generation_preset(gen, specials, "x")["min_len"] == want, gen
 
 
 def test_null_generation_settings_are_transformers_defaults(marian, tmp_path):

@@ -100,7 +100,7 @@ def test_list_archs_prints_a_table_on_stdout():
 
 
 VALID_VALUES = {"beam": 3, "lenpen": 1.5, "lenpen_formula": "fairseq", "max_len_a": 2.0,
-                "max_len_b": 7}
+                "max_len_b": 7, "min_len": 2}
 
 
 def test_validation_decodes_with_a_search_config_built_from_the_valid_options():

@@ -229,7 +229,8 @@ def test_search_config_resolves_against_the_preset(ckpt):
     direct = Translator(t.ensemble.models, t.src_codec, t.tgt_codec,
                         search=SearchConfig(nbest=2), batch=BatchConfig(batch_size=3))
     assert direct.search == SearchConfig(beam=4, lenpen=0.6, lenpen_formula="gnmt", max_len_a=1.0,
-                                         max_len_b=8, nbest=2) and direct.batch_size == 3
+                                         max_len_b=8, min_len=0, nbest=2)
+    assert direct.batch_size == 3
     cfg = GenerateConfig(beam=3, max_tokens=100)
     assert cfg.search == SearchConfig(beam=3) and cfg.batch == BatchConfig(max_tokens=100)
     with pytest.raises(UsageError):

@@ -55,9 +55,10 @@ class GenerateConfig:
                             "input line, best first, empty lines filling up; jsonl: an 'nbest' "
                             "list.")
     # --- controls (nmt.search.controls), as fairseq-generate's ---
-    min_len: int = option(
+    min_len: int | None = option(
         SearchConfig.min_len, "No eos before this many output tokens (subwords; at the length "
-                              "limit the eos comes all the same).", metavar="N")
+                              "limit the eos comes all the same) [default: the preset's: 0, "
+                              "1 for a fairseq import, as fairseq-generate].", metavar="N")
     no_repeat_ngram_size: int = option(
         SearchConfig.no_repeat_ngram_size,
         "No n-gram of N subwords twice in an output (0: off).", metavar="N")

@@ -74,14 +74,15 @@ def fairseq(checkpoint, data, bpe_codes, sentencepiece, moses, moses_no_dash_spl
             moses_no_escape, source_lang, target_lang, output, verbose, quiet):
     """Import a fairseq Transformer CHECKPOINT (fairseq 0.9 to 0.12). nmt-generate then
     decodes as fairseq-generate does by default (beam 5, --lenpen 1.0 dividing by the length,
-    at most 200 tokens); any of its options still overrides. An architecture or option nmt
+    at most 200 tokens, never an empty output: --min-len 1); any of its options still
+    overrides. An architecture or option nmt
     cannot represent exactly is refused, naming it."""
     setup_logging(verbose, quiet)
     from nmt.checkpoint import load_model_from_checkpoint, save_checkpoint
     from nmt.importers.common import check_output
     from nmt.importers.fairseq import import_fairseq
 
-    dest = check_output(output)
+    dest = check_output(output, (checkpoint, data, bpe_codes, sentencepiece))
     ckpt = import_fairseq(checkpoint, data, bpe_codes=bpe_codes, sentencepiece=sentencepiece,
                           moses=moses, moses_no_dash_splits=moses_no_dash_splits,
                           moses_no_escape=moses_no_escape, source_lang=source_lang,

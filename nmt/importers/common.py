@@ -113,13 +113,32 @@ def permute_rows(t: torch.Tensor, order: Sequence[int], fill: float = 0.0) -> to
     return out
 
 
-def check_output(out: str | os.PathLike) -> Path:
-    """The checkpoint path to write, checked before any work: its directory must not be a file."""
+def check_output(out: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = ()
+                 ) -> Path:
+    """The checkpoint path to write, checked before any work: not a directory, and not a file
+    the import reads (one of ``inputs``, or a file inside one that is a directory): writing it
+    would replace the model being imported."""
     dest = Path(out)
     if dest.exists() and dest.is_dir():
         raise NmtError(f"{dest}: is a directory; give the checkpoint file to write (-o model.pt)")
+    if dest.exists():
+        here = dest.resolve()
+        for given in filter(None, inputs):
+            p = Path(given).resolve()
+            if here == p or (p.is_dir() and p in here.parents):
+                raise NmtError(f"{dest}: is {'' if here == p else 'inside '}{given}, an input "
+                               f"of this import, which writing the checkpoint would replace; "
+                               f"give another -o")
     return dest
 
 
-__all__ = ["ABSENT_LOGIT", "read_json", "load_safetensors", "load_torch_weights",
+def named_errors(path: str | os.PathLike, build):
+    """``build()``, with its one-line NmtError naming the file it was built from."""
+    try:
+        return build()
+    except NmtError as e:
+        raise NmtError(f"{path}: {e}") from None
+
+
+__all__ = ["named_errors", "ABSENT_LOGIT", "read_json", "load_safetensors", "load_torch_weights",
            "nmt_dictionary", "permute_rows", "check_output"]

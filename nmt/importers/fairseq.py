@@ -25,7 +25,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
-from nmt.importers.common import nmt_dictionary
+from nmt.importers.common import named_errors, nmt_dictionary
 from nmt.importers.fairseq_model import (FAIRSEQ_SPECIALS, NMT_FROM_FAIRSEQ,  # noqa: F401
                                          TRANSFORMER_ARCHS, nmt_rows)
 from nmt.importers.safe_pickle import load_foreign, plain
@@ -52,7 +52,63 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     for key in ("source_lang", "target_lang"):
         if args.get(key) is None and task.get(key) is not None:
             args[key] = task[key]
+    args[PIPELINE] = _recorded_pipeline(cfg, ckpt.get("args"))
     return args, state
+
+
+PIPELINE = "_nmt_recorded_pipeline"      # read_checkpoint's key for what _recorded_pipeline says
+
+
+def _recorded_pipeline(cfg: Mapping[str, Any], legacy: Any) -> dict:
+    """The text pipeline the checkpoint records, as fairseq's hub interface reads it: the
+    tokenizer and bpe names (None: none recorded) and their options, from cfg.tokenizer /
+    cfg.bpe (fairseq >= 0.10) or the legacy args."""
+    old = legacy if isinstance(legacy, dict) else {}
+    out: dict[str, Any] = {}
+    for kind in ("tokenizer", "bpe"):
+        section = cfg.get(kind)
+        if isinstance(section, dict):
+            out[kind] = section.get("_name")
+            out.update({f"{kind}.{k}": v for k, v in section.items() if k != "_name"})
+        else:
+            out[kind] = old.get(kind)
+    for key in ("moses_no_dash_splits", "moses_no_escape"):
+        out.setdefault(f"tokenizer.{key}", old.get(key))
+    out.setdefault("bpe.bpe_separator", old.get("bpe_separator"))
+    return out
+
+
+def check_pipeline(recorded: Mapping[str, Any], bpe_codes, sentencepiece, moses,
+                   moses_no_dash_splits: bool, moses_no_escape: bool) -> None:
+    """The text pipeline given on the command line must be the one the checkpoint records,
+    where it records one (fairseq's hub interface applies that one): a one-line NmtError
+    naming the option to give. A checkpoint that records none (its text was prepared outside
+    fairseq) takes what it is given."""
+    def refuse(what: str) -> NmtError:
+        return NmtError(f"the checkpoint records {what}")
+
+    bpe, tok = recorded.get("bpe"), recorded.get("tokenizer")
+    if bpe == "subword_nmt" and bpe_codes is None:
+        raise refuse("bpe=subword_nmt: give its codes file with --bpe-codes")
+    if bpe == "sentencepiece" and sentencepiece is None:
+        raise refuse("bpe=sentencepiece: give its model with --sentencepiece")
+    if bpe not in (None, "subword_nmt", "sentencepiece"):
+        raise refuse(f"bpe={bpe}, which nmt cannot apply (it reads subword-nmt codes and "
+                     f"sentencepiece models)")
+    separator = recorded.get("bpe.bpe_separator")
+    if bpe == "subword_nmt" and separator not in (None, "@@"):
+        raise refuse(f"bpe_separator={separator!r}; nmt's subword-nmt codec joins on '@@'")
+    if tok == "moses" and moses is None:
+        raise refuse("tokenizer=moses: give --moses SRC-TGT")
+    if tok not in (None, "moses", "space", "nltk"):
+        raise refuse(f"tokenizer={tok}, which nmt cannot apply (it applies Moses)")
+    if tok == "moses":
+        for flag, given in (("moses_no_dash_splits", moses_no_dash_splits),
+                            ("moses_no_escape", moses_no_escape)):
+            want = bool(recorded.get(f"tokenizer.{flag}"))
+            if want != given:
+                raise refuse(f"{flag}={want}: {'add' if want else 'leave out'} "
+                             f"--{flag.replace('_', '-')}")
 
 
 def _flatten(args: Mapping[str, Any]) -> dict:
@@ -113,6 +169,8 @@ def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *
     if bpe_codes is not None and sentencepiece is not None:
         raise NmtError("give --bpe-codes or --sentencepiece, not both")
     args, state = read_checkpoint(checkpoint)
+    check_pipeline(args.pop(PIPELINE), bpe_codes, sentencepiece, moses, moses_no_dash_splits,
+                   moses_no_escape)
     cfg = ModelConfig(**model_fields(args))
     data = Path(data_dir)
     src_lang, tgt_lang = language_pair(args, data, source_lang, target_lang, moses)
@@ -207,11 +265,11 @@ def text_codec(dictionary: Dictionary, bpe_codes, sentencepiece, moses_lang: str
             codes = p.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError) as e:
             raise NmtError(f"{p}: not a BPE codes file ({e})") from None
-        subword = SubwordNmtBPE(codes, dictionary)
+        subword = named_errors(p, lambda: SubwordNmtBPE(codes, dictionary))
     elif sentencepiece is not None:
         from nmt.data.fairseq_subword import FairseqSentencePiece
         p = check_readable(sentencepiece, "sentencepiece model", expected="a .model file")
-        subword = FairseqSentencePiece(p.read_bytes(), dictionary)
+        subword = named_errors(p, lambda: FairseqSentencePiece(p.read_bytes(), dictionary))
     else:
         subword = Whitespace(dictionary)
     return TextCodec(subword, dictionary, moses_lang, moses_options)

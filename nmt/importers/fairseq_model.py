@@ -125,9 +125,10 @@ def model_fields(args: Mapping[str, Any]) -> dict:
                         or args.get("share_all_embeddings", False)),
         output_bias=False, decoder_start="eos",
         # fairseq-generate's defaults: beam 5, score / len^1.0, at most 200 tokens (and the
-        # decoder's positions), eos never first (min_len 1).
+        # decoder's positions), eos never first (SequenceGenerator's min_len 1: without it a
+        # short source can translate to nothing, which fairseq never outputs).
         beam=5, lenpen=1.0, lenpen_formula="fairseq", max_len_a=0.0,
-        max_len_b=min(200, tgt_pos - 1))
+        max_len_b=min(200, tgt_pos - 1), min_len=1)
 
 
 class _Source:

@@ -46,7 +46,8 @@ import torch
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors,
-                                  load_torch_weights, nmt_dictionary, permute_rows, read_json)
+                                  load_torch_weights, named_errors, nmt_dictionary,
+                                  permute_rows, read_json)
 from nmt.importers.hf_positions import KEYS as POSITION_KEYS, import_positions
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
@@ -63,9 +64,13 @@ DEFAULTS = {"activation_function": "gelu", "scale_embedding": False,
 LEGACY = {"normalize_before": False, "normalize_embedding": False, "add_final_layer_norm": False,
           "add_bias_logits": False, "static_position_embeddings": True}
 # Generation settings nmt's search has no equivalent of, and their neutral values.
-NEUTRAL_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "min_length": 0,
+NEUTRAL_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
                       "do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.0,
-                      "encoder_no_repeat_ngram_size": 0}
+                      "encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0,
+                      "suppress_tokens": [], "begin_suppress_tokens": [],
+                      "forced_bos_token_id": None, "forced_decoder_ids": [],
+                      "sequence_bias": {}, "renormalize_logits": False,
+                      "exponential_decay_length_penalty": None, "force_words_ids": []}
 
 
 def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -79,7 +84,7 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     if not d.is_dir():
         raise NmtError(f"{d}: not a directory (give the model directory, with config.json, "
                        f"the weights, source.spm, target.spm and vocab.json)")
-    dest = check_output(out)
+    dest = check_output(out, (d,))
     config = read_json(d / "config.json", "model configuration")
     tok = _optional_json(d / "tokenizer_config.json", "tokenizer configuration")
     gen = _optional_json(d / "generation_config.json", "generation configuration")
@@ -88,10 +93,13 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
                        f"(separate_vocabs) are not supported")
     symbols = _read_vocab(d / "vocab.json")
     specials = _special_ids(symbols, config, tok, d)
-    cfg = marian_config(config, {**_generation_keys(config), **gen}, specials, str(d))
-    dictionary, order = nmt_dictionary(symbols, specials)
+    # transformers reads generation_config.json alone when it is there, else config.json's keys
+    settings = gen if (d / "generation_config.json").exists() else _generation_keys(config)
+    cfg = marian_config(config, settings, specials, str(d))
     weights = _read_weights(d)
-    _check_vocab_sizes(len(symbols), config, weights, d)
+    rows = _check_vocab_sizes(len(symbols), config, weights, d)
+    symbols = symbols + _unnamed(symbols, rows)
+    dictionary, order = nmt_dictionary(symbols, specials)
     changes, positions = import_positions(weights, cfg.d_model, cfg.max_positions, config,
                                           str(d))
     cfg = _replace(cfg, **changes)
@@ -100,7 +108,9 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
         cfg = _replace(cfg, output_bias=False)
     spm = {side: read_model_bytes(d / f"{side}.spm", f"the {side} sentencepiece model")
            for side in ("source", "target")}
-    codecs = [TextCodec(SentencePieceVocab(spm[side], dictionary), dictionary)
+    codecs = [TextCodec(named_errors(d / f"{side}.spm",
+                               lambda side=side: SentencePieceVocab(spm[side], dictionary)),
+                        dictionary)
               for side in ("source", "target")]
     ckpt = make_checkpoint(model_config=cfg, model_state=state, share_all_embeddings=True,
                            src_codec=codecs[0], tgt_codec=codecs[1],
@@ -120,8 +130,9 @@ def _optional_json(path: Path, what: str) -> dict:
 
 def _generation_keys(config: dict) -> dict:
     """The generation settings an old config.json carries (generation_config.json wins)."""
-    keys = ("num_beams", "max_length", "max_new_tokens", "length_penalty", "early_stopping",
-            "bad_words_ids", "forced_eos_token_id", *NEUTRAL_GENERATION)
+    keys = ("num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens",
+            "length_penalty", "early_stopping", "bad_words_ids", "forced_eos_token_id",
+            *NEUTRAL_GENERATION)
     return {k: config[k] for k in keys if k in config}
 
 
@@ -187,11 +198,12 @@ VOCAB_ROWS = ("model.shared.weight", "model.encoder.embed_tokens.weight",
               "model.decoder.embed_tokens.weight", "lm_head.weight", "final_logits_bias")
 
 
-def _check_vocab_sizes(pieces: int, config: dict, w: dict[str, torch.Tensor], d: Path) -> None:
-    """config.json's vocab_size and the rows of every vocabulary-sized weight must agree (as
-    transformers loads no model whose weights disagree with its configuration), and vocab.json
-    must name no id past them. A vocab.json with fewer pieces than rows is imported without
-    the extra rows, which no text can reach (the tokenizer neither makes nor reads their ids)."""
+def _check_vocab_sizes(pieces: int, config: dict, w: dict[str, torch.Tensor], d: Path
+                       ) -> int | None:
+    """The model's vocabulary rows: config.json's vocab_size and the rows of every
+    vocabulary-sized weight must agree (as transformers loads no model whose weights disagree
+    with its configuration), and vocab.json must name no id past them. Rows it does not name
+    are kept (:func:`_unnamed`)."""
     sizes = {k: int(w[k].shape[-1] if k == "final_logits_bias" else w[k].shape[0])
              for k in VOCAB_ROWS if k in w and w[k].dim() > 0}
     declared = config.get("vocab_size")
@@ -201,14 +213,27 @@ def _check_vocab_sizes(pieces: int, config: dict, w: dict[str, torch.Tensor], d:
         raise NmtError(f"{d}: cannot import: the vocabulary sizes disagree ("
                        + ", ".join(f"{k} {v}" for k, v in sizes.items()) + ")")
     rows = next(iter(sizes.values()), None)
-    if rows is None:
-        return
-    if pieces > rows:
+    if rows is not None and pieces > rows:
         raise NmtError(f"{d}: cannot import: vocab.json has {pieces} pieces, but the model "
                        f"has {rows} vocabulary rows")
-    if pieces < rows:
+    if rows is not None and pieces < rows:
         log.warning("%s: vocab.json names %d of the model's %d vocabulary rows; the other %d "
-                    "are left out", d, pieces, rows, rows - pieces)
+                    "are kept under placeholder names (<unnamed-ID>)", d, pieces, rows,
+                    rows - pieces)
+    return rows
+
+
+def _unnamed(symbols: list[str], rows: int | None) -> list[str]:
+    """Placeholder pieces for the vocabulary rows vocab.json does not name. No text encodes to
+    them, but transformers' softmax runs over every row and its search may pick one, so nmt
+    keeps them too: dropping them changed every probability."""
+    taken = set(symbols)
+    extra = [f"<unnamed-{i}>" for i in range(len(symbols), rows or 0)]
+    clash = next((s for s in extra if s in taken), None)
+    if clash is not None:
+        raise NmtError(f"vocab.json has a piece named {clash!r}, the name nmt gives an unnamed "
+                       f"row")
+    return extra
 
 
 def _replace(cfg: ModelConfig, **changes: Any) -> ModelConfig:
@@ -274,8 +299,9 @@ def marian_config(config: dict, gen: dict, specials: dict[int, int], name: str) 
 
 
 def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[str, Any]:
-    """beam, lenpen, lenpen_formula, max_len_a/b from transformers' generation settings (its
-    defaults where absent); settings nmt's search cannot follow are named in a warning."""
+    """beam, lenpen, lenpen_formula, max_len_a/b and min_len from transformers' generation
+    settings (its defaults where absent); settings nmt's search cannot follow are named in a
+    warning."""
     early = gen.get("early_stopping", False)
     if early not in (True, False):
         raise NmtError(f"{name}: cannot import: early_stopping={early!r} (nmt follows "
@@ -306,10 +332,12 @@ def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[st
     if ignored:
         log.warning("%s: generation settings nmt-generate does not apply: %s", name,
                     "; ".join(ignored))
+    # min_length counts the decoder's start symbol, min_new_tokens does not; both apply.
+    min_len = max(setting("min_length", 0, True) - 1, setting("min_new_tokens", 0, True), 0)
     return {"beam": max(1, setting("num_beams", 1, True)),
             "lenpen": float(setting("length_penalty", 1.0, False)),
             "lenpen_formula": "fairseq" if early else "hf",
-            "max_len_a": 0.0, "max_len_b": max(0, max_len_b)}
+            "max_len_a": 0.0, "max_len_b": max(0, max_len_b), "min_len": min_len}
 
 
 def convert_weights(w: dict[str, torch.Tensor], cfg: ModelConfig, order: list[int],

@@ -30,7 +30,7 @@ MAX_LEN_B_MAX = 2 ** 31 - 1
 @dataclass(frozen=True)
 class SearchConfig:
     """How to decode. A field left None means "the model's preset" (``ModelConfig.beam``,
-    ``.lenpen``, ``.max_len_a``, ``.max_len_b``): :meth:`resolve` fills them in, and
+    ``.lenpen``, ``.max_len_a``, ``.max_len_b``, ``.min_len``): :meth:`resolve` fills them in, and
     :func:`nmt.search.generator.beam_search` needs a resolved config.
 
         SearchConfig(beam=5).resolve(model_cfg)    # beam 5, the preset's length settings
@@ -44,7 +44,7 @@ class SearchConfig:
     max_len_b: int | None = None
     nbest: int = 1                    # hypotheses returned per sentence, best first
     # Controls (nmt.search.controls), as fairseq-generate's options of the same names:
-    min_len: int = 0                  # eos is forbidden before this many tokens
+    min_len: int | None = None        # eos is forbidden before this many tokens (a preset field)
     no_repeat_ngram_size: int = 0     # no n-gram of this size twice in an output (0: off)
     unkpen: float = 0.0               # subtracted from <unk>'s log-probability at every step
     replace_unk: bool = False         # each <unk> of the output becomes its aligned source word
@@ -68,7 +68,7 @@ class SearchConfig:
             raise UsageError(f"unknown length penalty formula '{self.lenpen_formula}' "
                              f"(choose from {', '.join(formulas)})")
         for name in ("min_len", "no_repeat_ngram_size"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise UsageError(f"{name.replace('_', '-')} must be >= 0, got "
                                  f"{getattr(self, name)}")
         if self.diverse_beam_groups < 1:
@@ -92,6 +92,12 @@ class SearchConfig:
         return self.lenpen_formula or "gnmt"
 
     @property
+    def minimum(self) -> int:
+        """min_len; unset means none, so that a config written before min_len was a preset
+        field (beam, lenpen, max_len_a, max_len_b given) decodes as it did."""
+        return self.min_len or 0
+
+    @property
     def unset(self) -> list[str]:
         """The fields still meaning "the preset's"."""
         return [k for k in PRESET_FIELDS if getattr(self, k) is None]
@@ -99,19 +105,20 @@ class SearchConfig:
     def resolve(self, preset: ModelConfig | None = None) -> "SearchConfig":
         """This config with its unset fields taken from ``preset`` (a ModelConfig, or anything
         with beam/lenpen/max_len_a/max_len_b; None: ModelConfig's defaults, the paper's
-        beam 4, alpha 0.6, source length + 50). A preset without ``lenpen_formula`` (a
-        scripted test model) means the GNMT formula."""
+        beam 4, alpha 0.6, source length + 50, no minimum length). A preset without
+        ``lenpen_formula`` or ``min_len`` (a scripted test model) means the GNMT formula and
+        no minimum."""
         if not self.unset:
             return self
         preset = ModelConfig() if preset is None else preset
-        return replace(self, **{k: getattr(preset, k, ModelConfig.lenpen_formula)
-                                if k == "lenpen_formula" else getattr(preset, k)
-                                for k in self.unset})
+        optional = {"lenpen_formula": ModelConfig.lenpen_formula, "min_len": ModelConfig.min_len}
+        return replace(self, **{k: getattr(preset, k, optional[k]) if k in optional
+                                else getattr(preset, k) for k in self.unset})
 
 
 # The fields that default to the model's preset (each also a --valid-<field> option of nmt-train:
 # TrainConfig.valid_search).
-PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b")
+PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b", "min_len")
 
 
 DEFAULT_BATCH_SIZE = 64

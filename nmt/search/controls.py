@@ -32,7 +32,7 @@ class DecodingControls:
     @classmethod
     def from_search(cls, cfg) -> "DecodingControls | None":
         """The controls a SearchConfig asks for; None when it asks for none."""
-        c = cls(cfg.min_len, cfg.no_repeat_ngram_size, cfg.unkpen)
+        c = cls(cfg.minimum, cfg.no_repeat_ngram_size, cfg.unkpen)
         return c if c.active else None
 
     @property

@@ -70,6 +70,11 @@ class Hypothesis:
         return float(sum(self.token_scores))
 
 
+# Preset fields beam_search takes unset: the GNMT formula, no minimum length (as configs
+# written before these fields existed decode; SearchConfig.formula and .minimum).
+MAY_BE_UNSET = ("lenpen_formula", "min_len")
+
+
 def max_lengths(src_lengths: Tensor, cfg: SearchConfig, max_positions: int | None) -> Tensor:
     """[B] most tokens before eos: floor(a * len + b), capped by the decoder's positions.
 
@@ -90,7 +95,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     Returns, per sentence, its ``cfg.nbest`` best hypotheses, best first (ties: the one found
     first). ``constraints``: see the module doc.
     """
-    if unset := [k for k in cfg.unset if k != "lenpen_formula"]:    # see SearchConfig.formula
+    if unset := [k for k in cfg.unset if k not in MAY_BE_UNSET]:
         raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(unset)} "
                          f"unset): use cfg.resolve(model_config)")
     device = src_tokens.device

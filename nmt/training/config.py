@@ -176,6 +176,8 @@ class TrainConfig:
     valid_max_len_a: float | None = option(None, "Validation output length limit a * source "
                                            "+ b, a [default: the preset's].")
     valid_max_len_b: int | None = option(None, "... and b [default: the preset's].")
+    valid_min_len: int | None = option(None, "No eos before this many tokens in validation "
+                                       "decoding [default: the preset's].")
     # --- machine -------------------------------------------------------------------------------
     precision: str = option("fp32", "bf16 or fp16 (dynamic loss scaling, overflowing steps "
                             "skipped) need CUDA.", cli=False)
