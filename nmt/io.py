@@ -30,6 +30,8 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     # matches). Python's utf-8-sig drops it the same way; a U+FEFF inside the text stays.
     if lineno == 1 and text.startswith(BOM):
         text = text[1:]
+        log.warning("%s: dropped the UTF-8 byte-order mark at its start (sacreBLEU's own "
+                    "command line would keep it glued to the first word)", name)
     # Only the line terminator is stripped; other whitespace is data.
     if text.endswith("\n"):
         text = text[:-1]

@@ -97,6 +97,8 @@ def test_compound_split_is_sed_like():
     assert split_compounds("state-of-the-art") == \
         "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art"
     assert split_compounds("- x- -y 1-2") == "- x- -y 1 ##AT##-##AT## 2"
+    # perl's \S (of bytes): a tab or another ASCII blank is no part of a compound
+    assert split_compounds("a-\tb c\f-d é-ß") == "a-\tb c\f-d é ##AT##-##AT## ß"
 
 
 def test_tok_bleu_hand_checked():
@@ -199,6 +201,13 @@ def test_bad_input(tmp_path):
         (["-r", good, "-i", good, "-m", "bleu,blue"], "did you mean 'bleu'"),
         (["-r", good, "-r", good, "-i", good, "-m", "bracket-f1"], "exactly one reference"),
         (["-r", good, "-i", good, "-m", "bracket-f1"], "unreadable tree"),
+        (["-r", good, "-i", good, "-m", "tok-bleu", "-l", "en-de"],
+         "--lang is the target language alone, not a pair (sacreBLEU's -l takes a pair): "
+         "--lang de"),
+        (["-r", good, "-i", good, "-m", "bracket-f1", "--evalb-report", "--json"],
+         "leave out --json"),
+        (["-r", good, "-i", good, "-m", "bracket-f1", "--evalb-report", "--sentence"],
+         "leave out --sentence"),
     ]
     for args, msg in cases:
         r = cli(*args)
@@ -255,3 +264,15 @@ def test_references_and_hypotheses_cannot_both_come_from_stdin(tmp_path):
     r = CliRunner().invoke(main, ["--ref", "-"], input="a b\n")
     assert r.exit_code == 2 and r.stdout == ""
     assert "--ref - and the hypotheses would both be read from stdin" in r.stderr
+
+
+def test_a_bom_is_dropped_with_a_warning(tmp_path):
+    """A reference saved with a byte-order mark scores as without it (the first word
+    matches), and nmt-score says it dropped the mark, since sacreBLEU's own command line
+    keeps it (and scores that line lower)."""
+    hyp, ref = tmp_path / "hyp", tmp_path / "ref"
+    hyp.write_text("the cat sat on the mat .\n", encoding="utf-8")
+    ref.write_text("the cat sat on the mat .\n", encoding="utf-8-sig")
+    r = cli("-r", ref, "-i", hyp, "-m", "bleu", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["score"] == 100.0
+    assert f"{ref}: dropped the UTF-8 byte-order mark" in r.stderr.decode()

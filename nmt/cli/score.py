@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 import logging
 import sys
 from dataclasses import dataclass
@@ -69,8 +70,9 @@ class ScoreConfig:
     lowercase: bool = option(
         False, "Case-insensitive BLEU, chrF and tok-BLEU (sacreBLEU's --lowercase and "
                "--chrf-lowercase; the signatures say case:lc); multi-bleu: lowercase before "
-               "normalizing and tokenizing, as the Multi30k papers do. TER is "
-               "case-insensitive already (sacreBLEU's default).",
+               "normalizing and tokenizing, as the Multi30k papers do. Lowercasing is "
+               "Unicode's (Ü to ü, as Moses' lowercase.perl), not multi-bleu.perl -lc's, which "
+               "lowers A-Z alone. TER is case-insensitive already (sacreBLEU's default).",
         short="-lc")
     force: bool = option(False, "sacreBLEU --force: do not warn when the input looks tokenized.")
     lang: str | None = option(
@@ -104,7 +106,7 @@ class ScoreConfig:
         params = (evalb_mod.EvalbParams.from_file(self.evalb_params) if self.evalb_params
                   else evalb_mod.EvalbParams.collins())
         if self.max_errors is not None:
-            params.max_error = self.max_errors
+            params.max_error = None if self.max_errors < 0 else self.max_errors
         return params
 
     def score_options(self, params: evalb_mod.EvalbParams) -> ScoreOptions:
@@ -138,6 +140,12 @@ def main(verbose, quiet, **options):
                              f"(e.g. --lang de): it picks the Moses tokenizer's rules")
     if cfg.evalb_report and names != ["bracket-f1"]:
         raise UsageError("--evalb-report goes with --metric bracket-f1 alone")
+    if cfg.evalb_report and (cfg.as_json or cfg.sentence):
+        raise UsageError(f"--evalb-report prints EVALB's text report, which has its sentence "
+                         f"table already; leave out {'--json' if cfg.as_json else '--sentence'}")
+    if cfg.lang is not None and re.fullmatch(r"[a-z]{2,3}-([a-z]{2,3})", cfg.lang):
+        raise UsageError(f"--lang is the target language alone, not a pair (sacreBLEU's -l "
+                         f"takes a pair): --lang {cfg.lang.split('-')[1]}")
     ref_lines = [_read(r, "reference") for r in refs]
     hyps = _read(hyp, "hypothesis")
     for r, lines in zip(refs, ref_lines):

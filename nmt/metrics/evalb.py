@@ -13,7 +13,8 @@ equal ``evalb -p COLLINS.prm gold test``:
   (EQ_LABEL ADVP PRT makes those two equal); LABELED 0 ignores labels;
 * a sentence whose test tree has no words is skipped; one whose word counts or words differ
   (or that is malformed) is an error sentence; both are left out of the totals. As EVALB does,
-  the run stops when more than MAX_ERROR + 1 errors have been seen (max_error < 0: never);
+  the run stops when more than MAX_ERROR + 1 errors have been seen (a parameter file's
+  MAX_ERROR -1 stops at the first error, as EVALB; max_error None: never);
 * "len<=CUTOFF_LEN" counts the gold words except those labelled -NONE- (punctuation included).
 
 When the test tree carries ``XX`` in place of POS tags (a linearized parser's output) and it has
@@ -27,6 +28,7 @@ two words) raises NmtError. EVALB's fixed buffers (5000 bytes a line, 200 words)
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,8 @@ from typing import Sequence
 
 from nmt.errors import NmtError
 from nmt.io import iter_lines
+
+log = logging.getLogger("nmt.metrics")
 
 _WS = " \t\n\v\f\r"  # C isspace() in the "C" locale
 _TERMINATORS = _WS + "()"
@@ -51,7 +55,7 @@ class EvalbParams:
     eq_labels: list[tuple[str, str]] = field(default_factory=list)
     eq_words: list[tuple[str, str]] = field(default_factory=list)
     cutoff_len: int = 40
-    max_error: int = 10
+    max_error: int | None = 10        # None: never stop (nmt-score --max-errors -1)
 
     @classmethod
     def collins(cls) -> "EvalbParams":
@@ -63,12 +67,20 @@ class EvalbParams:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "EvalbParams":
-        """Read an EVALB parameter file (``KEY value`` lines, ``#`` comments)."""
+        """Read an EVALB parameter file (``KEY value`` lines, ``#`` comments). A line that
+        starts with a blank is no parameter to EVALB (it compares each keyword with the start
+        of the line, and says "Unknown keyword"): skipped with a warning, so that the score is
+        EVALB's."""
         p = cls(delete_labels=[], delete_labels_for_length=[])
         for lineno, line in enumerate(iter_lines(path), 1):
-            line = line.strip(_WS)       # (EVALB's sscanf skips leading blanks too)
-            if line.startswith("#") or len(line) < 3:
+            bare = line.strip(_WS)
+            if bare.startswith("#") or len(bare) < 3:
                 continue
+            if line[0] in _WS:
+                log.warning("%s: line %d starts with a blank, so EVALB does not read it as a "
+                            "parameter; skipped: %s", path, lineno, bare[:60])
+                continue
+            line = bare
             # KEY, then a run of whitespace, then the value (the rest of the line).
             m = re.match(r"([^ \t\n\v\f\r]+)[ \t\n\v\f\r]*(.*)", line)
             key, value = m.group(1), m.group(2)
@@ -400,7 +412,7 @@ def evaluate(gold_lines: Sequence[str], test_lines: Sequence[str],
         if s.length <= params.cutoff_len:
             result.short.add(s)
         # EVALB exits once its error counter passes MAX_ERROR (it checks count++ > max).
-        if params.max_error >= 0 and len(result.errors) > params.max_error + 1 \
+        if params.max_error is not None and len(result.errors) > params.max_error + 1 \
                 and len(result.errors) > n_before:
             raise NmtError(f"line {lineno}: {len(result.errors)} errors, more than MAX_ERROR "
                            f"{params.max_error} allows; EVALB stops here (last: "

@@ -28,7 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-_COMPOUND = re.compile(r"([^ ])-([^ ])")
+# The recipes' perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g': \S of bytes, so that ASCII
+# whitespace (a tab too) is no part of a compound, and everything else is.
+_COMPOUND = re.compile(r"([^ \t\n\r\f\v])-([^ \t\n\r\f\v])")
 # multi-bleu.perl reads bytes: Perl's split on \s separates at ASCII whitespace only.
 _SPLIT = re.compile(r"[ \t\n\r\f\v]+")
 MAX_ORDER = 4
