@@ -15,6 +15,7 @@ from nmt.data.resources import quickstart_dir
 from nmt.data.subword import WordPiece, train_sentencepiece, train_wordpiece
 from nmt.errors import NmtError
 from nmt.io import read_lines
+from nmt.specials import SPECIALS
 
 SENTS = [
     "A man in an orange hat starring at something.",
@@ -101,6 +102,26 @@ def test_wordpiece_is_greedy_longest_match_with_continuations():
     assert codec.decode(codec.encode("unaffable playing.")) == "unaffable playing."
     # A word that cannot be covered is one <unk>, as in BERT's wordpiece.
     assert codec.encode("a xyz") == [vocab["a"], UNK]
+
+
+def test_wordpiece_learner_merges_the_most_frequent_pair_ties_by_string():
+    """Hand-checked on "low" x5, "lower" x2, "newest" x6, "widest" x3 (Sennrich et al.'s
+    words): the alphabet by frequency (ties by string), then the merges. ##e+##s and ##s+##t
+    both occur 9 times: "##e" < "##s" decides; then ##es+##t (9); ##o+##w and l+##o (7):
+    "##o" < "l"; ... and at 2, ##e+##r before low+##e."""
+    from nmt.data.wordpiece_learner import learn_wordpiece_vocab
+
+    text = ["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3
+    vocab = learn_wordpiece_vocab(text, 27, 2, SPECIALS)
+    assert vocab[:4] == list(SPECIALS)
+    assert vocab[4:15] == ["##e", "##w", "##s", "##t", "##o", "l", "n", "##d", "##i", "w",
+                           "##r"]
+    assert vocab[15:] == ["##es", "##est", "##ow", "low", "##ew", "##ewest", "newest", "##dest",
+                          "##idest", "widest", "##er", "lower"]
+    # the same whatever the input order; a pair seen fewer than min_frequency times is
+    # never merged
+    assert learn_wordpiece_vocab(text[::-1], 27, 2, SPECIALS) == vocab
+    assert learn_wordpiece_vocab(text, 100, 10, SPECIALS) == vocab[:15]
 
 
 def test_trained_wordpiece_has_continuation_pieces(corpus):

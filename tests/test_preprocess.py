@@ -339,3 +339,84 @@ def test_a_failed_install_puts_the_old_directory_back(tmp_path, monkeypatch):
         install_directory(new, dest, "data directory")
     assert (dest / "meta.json").read_text() == "old"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bin.old")]
+
+
+# --- found by a review (2026-11-26) -------------------------------------------------------------
+
+def test_inputs_the_build_cannot_use_are_refused_in_one_line(corpus, tmp_path):
+    """A pipe as the training split (read twice: nmt-preprocess hung on the second open), a
+    side with no text (sentencepiece's C++ assertion before), a vocabulary too small for the
+    alphabet (the reason without the C++ location), --moses or --joined-dictionary that the
+    reused vocabulary does not have (ignored before), and a subword dictionary taken out of
+    its data directory as a plain one (93% <unk> before)."""
+    fifo = tmp_path / "ff"
+    os.mkfifo(f"{fifo}.en")
+    _write(tmp_path / "ff.de", ["a"])
+    _bad(tmp_path, "--trainpref", fifo, match="ff.en: not a regular file (a pipe?)")
+    _write(tmp_path / "e.en", ["a b", "c d"])
+    _write(tmp_path / "e.de", ["", "  "])
+    _bad(tmp_path, "--trainpref", tmp_path / "e", match="e.de: no text to learn subwords from")
+    err = _bad(tmp_path, "--trainpref", corpus / "train", "--vocab-size", 8,
+               match="sentencepiece training failed: Vocabulary size is smaller than")
+    assert ".cc(" not in err and "INTERNAL" not in err
+    base = run("-s", "en", "-t", "de", "--trainpref", corpus / "train", "--vocab-size", 300,
+               "--destdir", tmp_path / "base").stdout.strip()
+    for option in ("--moses", "--joined-dictionary"):
+        _bad(tmp_path, "--testpref", corpus / "valid", "--reuse-vocab", base, option,
+             match=f"{option}, but the reused vocabulary")
+    for lang in ("en", "de"):
+        (tmp_path / f"plain.{lang}.txt").write_bytes((tmp_path / "base" / f"dict.{lang}.txt")
+                                                     .read_bytes())
+    _bad(tmp_path, "--validpref", corpus / "valid", "--srcdict", tmp_path / "plain.en.txt",
+         "--tgtdict", tmp_path / "plain.de.txt", match="holds subword pieces")
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_removes_the_partial_build_and_says_so_in_one_line(corpus, tmp_path, name):
+    """SIGTERM (a scheduler, timeout) ended nmt-preprocess on the spot, leaving its hidden
+    temporary directory of partial shards beside --destdir; with workers, Ctrl-C (SIGINT to
+    the whole process group) printed each worker's traceback above the error line."""
+    import signal
+    import time
+
+    sig = getattr(signal, name)
+
+    big = tmp_path / "big"
+    lines = read_lines(corpus / "train.en")
+    for lang in ("en", "de"):
+        _write(tmp_path / f"big.{lang}", lines * 400)             # 160,000 pairs
+    dest = tmp_path / "out" / "d"
+    (tmp_path / "out").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt.cli.preprocess", "-s", "en", "-t", "de", "--trainpref",
+         str(big), "--vocab-size", "300", "--workers", "2", "--destdir", str(dest), "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 60
+    while not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".d.tmp")]:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.killpg(proc.pid, sig)                  # the parent and its workers, as a terminal does
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert err.strip().splitlines() == [f"nmt-preprocess: error: interrupted by {name}"], err
+    assert out == "" and not dest.exists() and _no_leftovers(tmp_path / "out")
+
+
+def test_a_wordpiece_build_is_the_same_on_every_run_and_any_workers(corpus, tmp_path):
+    """tokenizers' WordPieceTrainer numbered its symbols in hash-map order, which also broke
+    ties between merges: each run gave another dict.txt and other shards (with one worker
+    too). nmt learns the vocabulary itself, the same every time."""
+    built = []
+    for i, workers in enumerate((1, 1, 2)):
+        dest = tmp_path / f"wp{i}"
+        res = CliRunner().invoke(main, ["-s", "en", "-t", "de", "--trainpref", str(corpus /
+                                        "train"), "--vocab-size", "400", "--subword",
+                                        "wordpiece", "--workers", str(workers), "-q",
+                                        "--destdir", str(dest)])
+        assert res.exit_code == 0, res.output
+        built.append({p.name: p.read_bytes() for p in sorted(dest.iterdir())
+                      if p.name != "meta.json"})
+    assert built[0] == built[1] == built[2]
+    assert b"##" in built[0]["dict.en.txt"]

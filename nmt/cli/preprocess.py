@@ -13,7 +13,8 @@ from typing import Iterator
 import click
 from rich.table import Table
 
-from nmt.cli.common import Command, console, handle_errors, make_progress, setup_logging
+from nmt.cli.common import (Command, console, handle_errors, make_progress, setup_logging,
+                            stop_on_signals)
 from nmt.cli.options import build_config, config_options, log_options
 from nmt.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
 from nmt.errors import NmtError
@@ -43,7 +44,9 @@ def main(verbose: bool, quiet: bool, **options):
     """
     setup_logging(verbose, quiet)
     cfg = build_config(PreprocessConfig, options)
-    with destination_lock(cfg.destdir):
+    # SIGTERM (a scheduler, timeout) as Ctrl-C: the build's temporary directory is removed
+    # on the way out, and the error is one line.
+    with stop_on_signals(), destination_lock(cfg.destdir):
         if quiet:           # -q: warnings and errors only, no progress bar or summary
             result = preprocess(cfg)
         else:

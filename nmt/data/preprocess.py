@@ -39,7 +39,7 @@ from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
 from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
 from nmt.tasks.task import TASKS, infer_task
-from nmt.io import (_decode_line, check_readable, install_directory,
+from nmt.io import (_decode_line, check_readable, install_directory, is_regular_file,
                     temporary_directory_beside)
 from nmt.options import option
 
@@ -128,7 +128,14 @@ class PreprocessConfig:
     chunk_size: int = option(10000, "Lines per worker task.", cli=False)
 
     def resolved_workers(self) -> int:
-        return self.workers if self.workers > 0 else max(1, os.cpu_count() or 1)
+        """--workers, or (0) the CPUs this process may run on: its affinity mask (taskset,
+        a container's cpuset), not every CPU of the host."""
+        if self.workers > 0:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):          # not Linux
+            return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -237,6 +244,10 @@ def _check_inputs(cfg: PreprocessConfig, splits: list[tuple[str, str]]) -> None:
                              f"{prefix}.{missing[0]} does not exist; {hint}")
         for lang in langs:
             check_readable(f"{prefix}.{lang}")
+            if name == "train" and not is_regular_file(f"{prefix}.{lang}"):
+                raise NmtError(f"{prefix}.{lang}: not a regular file (a pipe?); the training "
+                               f"split is read twice, to learn the vocabulary and to binarize "
+                               f"it: write it to a file first")
 
 
 def _prepare_destination(cfg: PreprocessConfig, record: dict[str, Any]) -> tuple[Path, Path]:
@@ -346,7 +357,15 @@ def _codec_from_dict_path(path: str, kind: str | None, moses_lang: str | None) -
         raise UsageError(f"{p}: a plain dictionary only works with --subword none; to reuse a "
                          f"{kind} model point at dict.LANG.txt inside an nmt data directory "
                          f"(or use --reuse-vocab DIR)")
-    return whitespace_codec(Dictionary.load(p), moses_lang)
+    dictionary = Dictionary.load(p)
+    marked = sum(s.startswith(("\u2581", "##")) for s in dictionary.symbols)
+    if kind is None and marked > len(dictionary) // 4:
+        # Read as whole words, nearly every word of the text would be <unk>.
+        raise UsageError(f"{p}: holds subword pieces (▁ or ## marks on {marked} of "
+                         f"{len(dictionary)} symbols), taken out of their data directory: "
+                         f"give dict.LANG.txt inside it, or --reuse-vocab DIR (a plain "
+                         f"dictionary is for whole words, with --subword none)")
+    return whitespace_codec(dictionary, moses_lang)
 
 
 def _reused_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool] | None:
@@ -357,7 +376,13 @@ def _reused_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool] |
             if lang not in (dd.src_lang, dd.tgt_lang):
                 raise NmtError(f"{dd.path} has languages {dd.src_lang}, {dd.tgt_lang}; "
                                f"'{lang}' is not one of them")
-        return dd.codec(s), dd.codec(t), dd.joined
+        src, tgt = dd.codec(s), dd.codec(t)
+        for option, given, there in (("--moses", cfg.moses, src.moses_lang is not None),
+                                     ("--joined-dictionary", cfg.joined, dd.joined)):
+            if given and not there:
+                raise UsageError(f"{option}, but the reused vocabulary ({dd.path}) was built "
+                                 f"without it: its codec is used as it is; leave {option} out")
+        return src, tgt, dd.joined
     if cfg.srcdict or cfg.tgtdict:
         m = (lambda lang: lang if cfg.moses else None)
         src = _codec_from_dict_path(cfg.srcdict, cfg.subword, m(s)) if cfg.srcdict else None
@@ -431,8 +456,11 @@ def learn_codecs(cfg: PreprocessConfig, train_prefix: str, workers: int, progres
             s_sample = [x for c in run.imap(task_tokenize, tok_args(s_sample, s_lang)) for x in c]
             t_sample = [x for c in run.imap(task_tokenize, tok_args(t_sample, t_lang)) for x in c]
 
-    def learn(sentences: list[str]):
+    def learn(sentences: list[str], side: str):
         t1 = time.time()
+        if not any(s.strip() for s in sentences):
+            raise NmtError(f"{side}: no text to learn subwords from (every sampled line is "
+                           f"empty or blank)")
         if kind == "bpe":
             m = train_sentencepiece(sentences, cfg.vocab_size, cfg.character_coverage,
                                     cfg.byte_fallback, threads=workers)
@@ -443,14 +471,14 @@ def learn_codecs(cfg: PreprocessConfig, train_prefix: str, workers: int, progres
         return m
 
     if cfg.joined:
-        model = learn(s_sample + t_sample)
+        model = learn(s_sample + t_sample, f"{src_path} and {tgt_path}")
         del s_sample, t_sample
         src = TextCodec(model, None, moses(s_lang))
         tgt = src if not cfg.moses else TextCodec(model, src.dictionary, moses(t_lang))
     else:
-        src = TextCodec(learn(s_sample), None, moses(s_lang))
+        src = TextCodec(learn(s_sample, str(src_path)), None, moses(s_lang))
         del s_sample
-        tgt = TextCodec(learn(t_sample), None, moses(t_lang))
+        tgt = TextCodec(learn(t_sample, str(tgt_path)), None, moses(t_lang))
     return src, tgt, n
 
 

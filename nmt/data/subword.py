@@ -12,6 +12,7 @@ import base64
 import io
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -165,7 +166,10 @@ def _spm_reason(e: Exception) -> str:
     text = " ".join(str(e).split())
     if "ParseFromArray" in text:
         return "it does not parse"
-    return text.replace("INTERNAL: ", "")[:120]
+    # "INTERNAL: src/trainer_interface.cc(590) [(trainer_spec_.vocab_size()) == ...] Vocabulary
+    # size is smaller than required_chars. 8 vs 34. ...": the reason follows the condition
+    text = re.sub(r"^(INTERNAL|[A-Z_]+): \S+\.cc\(\d+\) (\[.*?\] )?", "", text)
+    return text.replace("INTERNAL: ", "")[:160]
 
 
 class SentencePieceVocab(SentencePieceBPE):
@@ -249,7 +253,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int,
             # Sentences up to 64 KiB take part; longer ones are rare noise.
             max_sentence_length=65536, minloglevel=1)
     except RuntimeError as e:
-        raise NmtError(f"sentencepiece training failed: {' '.join(str(e).split())}") from None
+        raise NmtError(f"sentencepiece training failed: {_spm_reason(e)}") from None
     finally:
         _restore_fd2(saved_fd)
         log_buf.seek(0)
@@ -364,14 +368,18 @@ def join_wordpieces(pieces: Iterable[str]) -> str:
 
 def train_wordpiece(sentences: Iterable[str], vocab_size: int, min_frequency: int = 2
                     ) -> WordPiece:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.WordPiece(unk_token=SPECIALS[UNK], continuing_subword_prefix=CONT,
+    """A wordpiece model whose vocabulary is learnt by nmt.data.wordpiece_learner (the same
+    on every run, unlike tokenizers' WordPieceTrainer), applied by tokenizers' WordPiece."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from nmt.data.wordpiece_learner import learn_wordpiece_vocab
+
+    symbols = learn_wordpiece_vocab(sentences, vocab_size, min_frequency, SPECIALS)
+    tok = Tokenizer(models.WordPiece({s: i for i, s in enumerate(symbols)},
+                                     unk_token=SPECIALS[UNK], continuing_subword_prefix=CONT,
                                      max_input_chars_per_word=100))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-        special_tokens=list(SPECIALS), continuing_subword_prefix=CONT)
-    tok.train_from_iterator(sentences, trainer=trainer)
+    tok.add_special_tokens(list(SPECIALS))
     return WordPiece(tok.to_str())
 
 

@@ -34,6 +34,11 @@ _W: dict[str, Any] = {}
 
 
 def _worker_init(src_state: dict | None, tgt_state: dict | None, threads_env: bool) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the pool and reports in one
+    # line; a worker's KeyboardInterrupt traceback would only bury it. (SIGTERM stays as it
+    # is: the pool stops its workers with it.)
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads_env:
         # One process per core already: no thread pools inside the tokenizers.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
