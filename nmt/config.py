@@ -109,8 +109,9 @@ class ModelConfig:
             if getattr(self, name) not in allowed:
                 raise bad(f"{name} must be one of {', '.join(allowed)}, "
                           f"got '{getattr(self, name)}'")
-        for name in ("position_offset", "min_len"):
+        for name in ("position_offset", "min_len", "max_len_a", "max_len_b"):
             if getattr(self, name) < 0:
+                # (a negative length limit trains, then nmt-generate refuses the checkpoint)
                 raise bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lenpen < 0:
             raise bad(f"lenpen must be >= 0, got {self.lenpen}")
@@ -212,6 +213,9 @@ def apply_overrides(cfg: ModelConfig, overrides: Mapping[str, Any],
     for key, raw in overrides.items():
         targets = ALIASES.get(key, (key,))
         for t in targets:
+            if t == "arch" and source == "override":
+                # the preset's name, a label: -o arch=X would only rename the model
+                raise UsageError(f"'{key}' is not an override: choose the preset with --arch")
             if t not in names:
                 raise UsageError(f"unknown {source} key '{key}'{suggest(key, config_keys())}; "
                                  f"valid keys: {', '.join(sorted(config_keys()))}")

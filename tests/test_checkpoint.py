@@ -13,14 +13,14 @@ from nmt.checkpoint import (load_checkpoint, load_model_from_checkpoint, make_ch
 from train_support import FakeData
 
 
-def make_ckpt(seed: int) -> dict:
+def make_ckpt(seed: int, share: bool = True) -> dict:
     torch.manual_seed(seed)
     data = FakeData(n_train=4)
     cfg = nmt.get_arch("transformer_tiny")
     v = len(data.src_codec.dictionary)
-    model = nmt.build_model(cfg, v, v, share_all_embeddings=True)
+    model = nmt.build_model(cfg, v, v, share_all_embeddings=share)
     return make_checkpoint(model_config=cfg, model_state=model.state_dict(),
-                           share_all_embeddings=True, src_codec=data.src_codec,
+                           share_all_embeddings=share, src_codec=data.src_codec,
                            tgt_codec=data.tgt_codec, src_lang="xx", tgt_lang="yy",
                            data_dir="fake",
                            training={"optimizer": {"state": {}, "param_groups": []},
@@ -94,6 +94,29 @@ def test_average_refuses_different_models(tmp_path):
     pb = save_checkpoint(b, tmp_path / "b.pt")
     with pytest.raises(NmtError, match="configuration differs"):
         average_checkpoints([pa, pb])
+
+
+def test_average_refuses_mixed_embedding_sharing_and_names_what_differs(tmp_path):
+    """Shared and separate embeddings have the same tensor names: the average was written and
+    loaded, one table silently winning. The configuration error names the field, and an
+    --output that is one of the inputs is refused (it replaced a training checkpoint)."""
+    from nmt.training.average import average_to_file
+
+    a, b = make_ckpt(1), make_ckpt(2, share=False)
+    pa = save_checkpoint(a, tmp_path / "a.pt")
+    pb = save_checkpoint(b, tmp_path / "b.pt")
+    with pytest.raises(NmtError, match="share_all_embeddings is False, .* True"):
+        average_checkpoints([pa, pb])
+    c = make_ckpt(3)
+    c["model_config"] = {**c["model_config"], "dropout": 0.3}
+    pc = save_checkpoint(c, tmp_path / "c.pt")
+    with pytest.raises(NmtError, match=r"differs from .*a.pt \(dropout 0.3 vs 0.1\)"):
+        average_checkpoints([pa, pc])
+    pd = save_checkpoint(make_ckpt(4), tmp_path / "d.pt")
+    before = pa.read_bytes()
+    with pytest.raises(NmtError, match="is one of the checkpoints to average"):
+        average_to_file([pa, pd], pa)
+    assert pa.read_bytes() == before
 
 
 def test_average_refuses_the_same_file_twice(tmp_path):

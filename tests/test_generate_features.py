@@ -98,6 +98,11 @@ def test_sampling_keeps_forced_prefixes(ckpt, tmp_path):
     ('["w1"]', "expected a JSON object"),
     ('{"src": "w1"}', 'no "source"'),
     ('w1 w2', "not JSON"),
+    # a misspelt field dropped what the line asked for, with exit 0
+    ('{"source": "w1", "constraint": ["w7"]}',
+     "unknown field 'constraint' (did you mean 'constraints'?)"),
+    ('{"source": "w1", "prefx": "w9"}', "unknown field 'prefx' (did you mean 'prefix'?)"),
+    ('{"source": null}', '"source" must be a string, got null'),
 ])
 def test_bad_jsonl_requests(ckpt, tmp_path, line, needle):
     src = write(tmp_path / "in.jsonl", ['{"source": "w1"}', line])
@@ -183,6 +188,10 @@ def test_print_alignment(ckpt, tmp_path):
     (["--sampling", "--temperature", "0"], "--temperature must be > 0"),
     (["--reference", "x"], "--reference goes with --score-reference"),
     (["--align-layer", "1"], "--align-layer goes with --print-alignment"),
+    (["--split", "test", "--print-alignment", "--output-format", "jsonl"],
+     "--print-alignment translates an --input: it does not go with --split"),
+    (["--score-reference", "--input-format", "jsonl", "--reference", "x"],
+     "the targets are the jsonl lines' \"target\"; leave --reference out"),
     # values past which the search's arithmetic overflows: refused, not an internal error
     (["--lenpen", "400"], "lenpen must be between 0 and 10, got 400.0"),
     (["--lenpen", "nan"], "lenpen must be between 0 and 10, got nan"),
@@ -265,13 +274,29 @@ def test_jsonl_lines_stay_one_line_and_lone_surrogates_are_refused(ckpt, tmp_pat
                    "bad.jsonl: line 2", "lone surrogate (\\ud800)")
 
 
-def test_a_constraint_that_cannot_be_spelled_stops_the_run_before_any_output(ckpt, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_constraint_that_cannot_be_spelled_stops_the_run_before_any_output(ckpt, tmp_path,
+                                                                             workers):
     """Checked for the whole jsonl file once the model is loaded, not chunk by chunk: the
     error names the file and line, and nothing is written (no journal for a rerun that could
-    never get past it)."""
+    never get past it). With --workers the check was skipped: the run stopped midway, and
+    every rerun stopped on the same line."""
     src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w2"}),
                                         json.dumps({"source": "w1", "constraints": ["zzz"]})])
     out = tmp_path / "out.txt"
-    r = gen(ckpt, "-i", src, "--input-format", "jsonl", "--buffer-size", 1, "-o", out, ok=False)
+    r = gen(ckpt, "-i", src, "--input-format", "jsonl", "--buffer-size", 1, "-o", out,
+            "--workers", workers, ok=False)
     one_line_error(r, "in.jsonl: line 2: constraint 1 ('zzz') cannot be spelled")
     assert list(tmp_path.iterdir()) == [src]
+
+
+def test_an_ensemble_says_whose_preset_it_decodes_with(tmp_path):
+    """Members' presets may differ; the first's is used, so the order of the checkpoints
+    changes the output: a warning names the fields (not those the command line sets)."""
+    a = make_checkpoint(tmp_path / "a.pt", seed=0)
+    b = make_checkpoint(tmp_path / "b.pt", seed=1, beam=2, lenpen=1.5)
+    r = gen(a, b, stdin="w1 w2\n")
+    assert "b.pt decodes with the preset of" in r.stderr and "beam 2 (uses 4)" in r.stderr
+    assert "lenpen 1.5 (uses 0.6)" in r.stderr
+    r = gen(a, b, "--beam", 3, "--lenpen", 1.0, stdin="w1 w2\n")
+    assert "decodes with the preset" not in r.stderr

@@ -107,6 +107,15 @@ def test_weights_come_from_the_checkpoint_with_a_fresh_optimizer_and_schedule(en
     assert ck["progress"]["update"] == 3 and ck["scheduler"]["step_num"] == 3
     assert ck["train_config"]["init_from"] == str(source.resolve())   # the record stays
 
+    # another --init-from into the same --save-dir: the resume would carry on the old run
+    other = tmp_path / "other.pt"
+    other.write_bytes(b"")
+    args[args.index("--init-from") + 1] = str(other)
+    code, out, err = cli(args)
+    assert code != 0 and out == ""
+    assert f"--init-from {other}, but the run that" in err and "began from" in err, err
+    assert "--no-resume" in err
+
 
 def test_model_right_after_initialization_is_the_checkpoint(env, tmp_path):
     from nmt.data.datadir import DataDir

@@ -73,11 +73,27 @@ def test_average_mode(data_dir, tmp_path):
     (["DATA", "--max-update", "1", "--precision", "fp16", "--device", "cpu"], "needs a CUDA"),
     (["DATA", "--max-update", "1", "--max-time", "soon"], "--max-time"),
     (["--average", "/nonexistent.pt", "--output", "x.pt"], "no such checkpoint"),
+    # modes that train nothing took training options and overrides, unknown keys too
+    (["--average", "a.pt", "--output", "x.pt", "-o", "nonsense=1", "--max-update", "7"],
+     "--average trains nothing: --max-update, -o would be ignored"),
+    (["--list-archs", "-o", "dropout=0.5"], "--list-archs trains nothing: -o would be"),
+    # -o arch=X only renamed the model
+    (["DATA", "--max-update", "1", "-o", "arch=transformer_big"],
+     "'arch' is not an override: choose the preset with --arch"),
+    # a negative length limit trained, then nmt-generate refused the checkpoint
+    (["DATA", "--max-update", "1", "-o", "max_len_b=-100"], "max_len_b must be >= 0"),
+    (["DATA", "--max-update", "1", "--max-sentences", "-3"], "--max-sentences must be >= 1"),
+    (["DATA", "--max-update", "1", "--validate-interval-updates", "-1"],
+     "--validate-interval-updates must be >= 1"),
+    (["DATA", "--max-update", "1", "--clip-norm", "nan"], "--clip-norm must be a finite"),
+    (["DATA", "--max-update", "1", "--lr-scale", "nan"], "--lr-scale must be a finite"),
+    (["DATA", "--max-update", "1", "--keep-last", "0"], "--keep-last must be >= 1"),
     (["DATA", "--max-update", "1", "--save-dir", "/proc/nmt-ckpt"], "cannot create save directory"),
 ])
 def test_bad_input_gives_one_line_error(data_dir, tmp_path, args, needle):
+    save = ["--save-dir", str(tmp_path / "s")] if "DATA" in args else []
     args = [data_dir if a == "DATA" else a for a in args]
-    code, stdout, stderr = cli(["--save-dir", str(tmp_path / "s"), *args])
+    code, stdout, stderr = cli([*save, *args])
     assert code != 0
     err = stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("nmt-train: error:"), stderr

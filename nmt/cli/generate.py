@@ -196,9 +196,16 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
              precision: str, runtime: tuple, workers: int):
     """(translator, None), or (None, the --workers pool's (workers, WorkerSpec));
     ``runtime``: (--threads, -v, -q)."""
+    checkable = (cfg.input_format == "jsonl" and cfg.input_path not in (None, "-")
+                 and is_regular_file(cfg.input_path))
     if workers > 1:
         from nmt.cli.generate_workers import WorkerSpec, worker_threads
 
+        if checkable:
+            # Before any worker writes: a line found bad mid-run would stop every rerun of a
+            # resumable --output at that line.
+            check_constraints(cfg.input_path, build_translator(sources, cfg, "cpu", "fp32"),
+                              cfg.buffer_size)
         threads, verbose, quiet = runtime
         spec = WorkerSpec(paths, cfg, device, precision, worker_threads(threads, workers),
                           verbose, quiet)
@@ -206,8 +213,7 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
         return None, (workers, spec)
     translator = build_translator(sources, cfg, device, precision)
     _log_decoding(translator, cfg, precision)
-    if (cfg.input_format == "jsonl" and cfg.input_path not in (None, "-")
-            and is_regular_file(cfg.input_path)):
+    if checkable:
         check_constraints(cfg.input_path, translator, cfg.buffer_size)
     return translator, None
 

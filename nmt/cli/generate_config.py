@@ -170,6 +170,12 @@ class GenerateConfig:
                              "--sampling")
         if self.reference is not None and not self.score_reference:
             raise UsageError("--reference goes with --score-reference")
+        if self.reference is not None and self.input_format == "jsonl":
+            raise UsageError("--reference and --input-format jsonl: the targets are the jsonl "
+                             "lines' \"target\"; leave --reference out")
+        if self.split is not None and self.print_alignment:
+            raise UsageError("--print-alignment translates an --input: it does not go with "
+                             "--split")
         if self.score_reference and (self.sampling or self.print_alignment or self.nbest != 1):
             raise UsageError("--score-reference scores given pairs, one score per pair: it "
                              "does not go with --sampling, --print-alignment or --nbest")

@@ -106,6 +106,17 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
         from nmt.plugins import load_user_dir
 
         load_user_dir(options["user_dir"])
+    if list_archs or average_mode:
+        # These modes train nothing: a training option or -o given with them would be ignored.
+        defaults = {p.name: p.default for p in click.get_current_context().command.params}
+        given = [f"--{k.replace('_', '-')}" for k, v in options.items()
+                 if k != "user_dir" and str(v) != str(defaults.get(k, v))]
+        given += ["-o"] * bool(overrides) + ["--device"] * (device != "auto")
+        given += ["--precision"] * (precision != "fp32")
+        if given:
+            raise UsageError(f"{'--list-archs' if list_archs else '--average'} trains nothing: "
+                             f"{', '.join(given)} would be ignored; leave "
+                             f"{'it' if len(given) == 1 else 'them'} out")
     if list_archs:
         list_archs_table(vocab_size)
         return

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, suggest
 
 FIELDS = ("source", "prefix", "target")          # the string fields; and "constraints"
 _JSON_TYPES = {dict: "an object", list: "a list", int: "a number", float: "a number",
@@ -64,6 +64,14 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     if "source" not in obj:
         raise NmtError(f"{where}: no \"source\" (the object has "
                        f"{', '.join(map(repr, obj)) or 'no keys'})")
+    unknown = [k for k in obj if k not in (*FIELDS, "constraints")]
+    if unknown:
+        # a misspelt "constraint" or "prefx" would drop what the line asks for
+        raise NmtError(f"{where}: unknown field {unknown[0]!r}"
+                       f"{suggest(unknown[0], (*FIELDS, 'constraints'))}; the fields are "
+                       f"\"source\", \"prefix\", \"constraints\" and \"target\"")
+    if not isinstance(obj["source"], str):
+        raise NmtError(f"{where}: \"source\" must be a string, got {_kind(obj['source'])}")
     for key in FIELDS:
         value = obj.get(key)
         if value is not None and not isinstance(value, str):

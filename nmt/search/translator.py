@@ -76,6 +76,21 @@ class Translation:
         return out
 
 
+def _warn_other_preset(cfg, first, search: SearchConfig | None, name, first_name) -> None:
+    """An ensemble decodes with the first checkpoint's preset (its beam, length penalty and
+    limits): say so when another member's preset differs in a field the command line did not
+    set, since the order of the checkpoints then changes the output."""
+    from nmt.search.config import PRESET_FIELDS
+
+    given = search or SearchConfig()
+    differ = [f"{k} {getattr(cfg, k, None)!r} (uses {getattr(first, k, None)!r})"
+              for k in PRESET_FIELDS
+              if getattr(given, k) is None and getattr(cfg, k, None) != getattr(first, k, None)]
+    if differ:
+        log.warning("%s decodes with the preset of %s, the first checkpoint, not its own: "
+                    "%s; give the options to choose", name, first_name, "; ".join(differ))
+
+
 class Translator:
     """Beam search translation with one model or an ensemble, plus the text pipeline."""
 
@@ -153,6 +168,8 @@ class Translator:
             elif not (src.same_as(codecs[0]) and tgt.same_as(codecs[1])):
                 raise UsageError(f"{name}: cannot ensemble checkpoints with different "
                                  f"vocabularies or subword models (compare with {names[0]})")
+            else:
+                _warn_other_preset(model_config(ckpt), cfg, search, name, names[0])
             model = model.to(dtype).eval()
             if precision in QUANTIZED_PRECISIONS:
                 from nmt.models.quantize import quantize_int8

@@ -62,14 +62,19 @@ def _check_same_model(ckpt: dict, first: dict, path, first_path) -> None:
     """One model: the same configuration (a field a checkpoint predates counts as its default)
     and the same vocabularies, or the average would mix rows of different symbols."""
     from nmt.checkpoint import codecs_from_checkpoint
-    from nmt.training.resume import check_same_model, codec_difference
+    from nmt.training.resume import codec_difference, model_differences
 
-    try:
-        check_same_model(ckpt["model_config"], ModelConfig.from_dict(
-            first["model_config"]).to_dict(), Path(path))
-    except NmtError:
-        raise NmtError(f"{path}: model configuration differs from {first_path}; only "
-                       f"checkpoints of one model can be averaged") from None
+    diffs = model_differences(ckpt["model_config"],
+                              ModelConfig.from_dict(first["model_config"]).to_dict())
+    if diffs:
+        raise NmtError(f"{path}: model configuration differs from {first_path} ({diffs}); "
+                       f"only checkpoints of one model can be averaged")
+    # Shared and separate embeddings have the same tensor names: averaged together, one of
+    # the two tables would silently win when the result is loaded.
+    for key in ("share_all_embeddings", "task"):
+        if ckpt.get(key) != first.get(key):
+            raise NmtError(f"{path}: {key} is {ckpt.get(key)!r}, {first_path}'s "
+                           f"{first.get(key)!r}; only checkpoints of one model can be averaged")
     pairs = zip(("source", "target"), codecs_from_checkpoint(ckpt, str(path)),
                 codecs_from_checkpoint(first, str(first_path)))
     for side, mine, theirs in pairs:
@@ -77,6 +82,13 @@ def _check_same_model(ckpt: dict, first: dict, path, first_path) -> None:
         if diff:
             raise NmtError(f"{path}: its {side} vocabulary differs from {first_path}'s "
                            f"({diff}); only checkpoints of one model can be averaged")
+
+
+def _same(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
@@ -97,6 +109,9 @@ def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
 
 
 def average_to_file(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
+    if Path(output).exists() and any(_same(output, p) for p in paths):
+        raise NmtError(f"{output}: is one of the checkpoints to average, which writing the "
+                       f"average would replace; give another --output")
     out = average_checkpoints(paths)
     dest = save_checkpoint(out, output)
     log.info("averaged %d checkpoints into %s", len(paths), dest)

@@ -6,6 +6,7 @@ command-line options from these fields, and the config is saved in every checkpo
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -218,10 +219,19 @@ class TrainConfig:
         """Every option of the run, checked once: here (nmt-train checks the machine part
         before it reads any data; ``train`` checks the whole when the run starts)."""
         self.check_machine()
-        for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite"):
+        for name in ("max_tokens", "update_freq", "warmup", "log_interval", "max_nonfinite",
+                     "keep_last"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-        for name in ("max_update", "max_epoch", "save_interval_updates", "keep_last",
+        for name in ("max_sentences", "validate_interval_updates"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1 (leave it out for "
+                                 f"none)")
+        for name in ("clip_norm", "lr_scale", "max_time", "save_interval_minutes"):
+            if not math.isfinite(getattr(self, name)):
+                raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got "
+                                 f"{getattr(self, name)}")
+        for name in ("max_update", "max_epoch", "save_interval_updates",
                      "average_last", "average_best", "ensemble_best", "patience", "lr_period",
                      "validate_after_updates", "loss_chunk"):
             if getattr(self, name) < 0:

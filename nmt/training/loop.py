@@ -89,6 +89,7 @@ class Run:
         early = None if self.cfg.resume else ckpt_io.load_checkpoint(self.cfg.init_from)
         found = self._resume_point()
         if found is not None:
+            resume.check_same_parent(found[1], found[0], self.cfg.init_from)
             if self.is_main:
                 log.info("--init-from %s is not used: the run resumes from %s",
                          self.cfg.init_from, found[0])

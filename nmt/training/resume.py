@@ -149,6 +149,18 @@ def restore(ck: Mapping[str, Any], model, trainer, selection, rank: int,
         set_rng_state(ranks[rank])
 
 
+def check_same_parent(ck: Mapping[str, Any], path: Path, init_from: str) -> None:
+    """A run that resumes ignores --init-from: refuse one that names another checkpoint than
+    the run started from (a fine-tune of another parent into a reused --save-dir would
+    otherwise carry on the old run)."""
+    saved = saved_init_from(ck)
+    if saved is not None and Path(saved).resolve() == Path(init_from).expanduser().resolve():
+        return
+    began = f"from {saved}" if saved else "without --init-from"
+    raise NmtError(f"--init-from {init_from}, but the run that {path} resumes began {began}; "
+                   f"a resume would not use it: {HOW_TO_RESTART}")
+
+
 def saved_init_from(ck: Mapping[str, Any]) -> str | None:
     """The file the run's weights first came from (--init-from): the run keeps the record."""
     return (ck.get("train_config") or {}).get("init_from")
@@ -207,6 +219,8 @@ RUN_OPTIONS = {"warmup": "--warmup", "lr_scale": "--lr-scale", "lr_period": "--l
                "clip_norm": "--clip-norm", "seed": "--seed", "dropout_masks": "--dropout-masks",
                "max_tokens": "--max-tokens", "max_sentences": "--max-sentences",
                "update_freq": "--update-freq",
+               # fp16's loss scaler is saved and restored only for fp16
+               "precision": "--precision",
                # the end of a cosine or linear schedule; which checkpoint counts as best
                "max_update": "--max-update", "best_checkpoint_metric": "--best-checkpoint-metric"}
 
@@ -282,19 +296,23 @@ def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], path:
     """Refuse another model configuration, naming what differs. A checkpoint written before a
     configuration field existed lacks it: it counts as the field's default (the model it
     describes is the same), as it does when the checkpoint is loaded for decoding."""
+    if diffs := model_differences(saved, current):
+        raise NmtError(f"{path} was trained with another model configuration ({diffs}); "
+                       f"cannot resume: {HOW_TO_RESTART}")
+
+
+def model_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """'d_model 512 vs 256; ...' (at most four fields) between two model configurations (a
+    field the saved one predates counts as its default); empty when they are the same."""
     from nmt.config import ModelConfig
 
     try:
         saved = ModelConfig.from_dict(saved).to_dict()
     except (NmtError, TypeError, ValueError):
         saved = dict(saved)          # unreadable: the comparison below names what differs
-    if dict(saved) == dict(current):
-        return
     diffs = [f"{k} {saved.get(k)!r} vs {current.get(k)!r}"
              for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
-    raise NmtError(f"{path} was trained with another model configuration "
-                   f"({'; '.join(diffs[:4])}{'; ...' if len(diffs) > 4 else ''}); "
-                   f"cannot resume: {HOW_TO_RESTART}")
+    return "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else "")
 
 
 def changed_options(saved: Mapping[str, Any] | None, current: Any) -> list[str]:
@@ -314,6 +332,6 @@ def _fmt(value: Any) -> str:
 
 
 __all__ = ["training_state", "deferred_validation", "resume_point", "check_resumable", "restore",
-           "saved_init_from", "saved_position", "get_rng_state", "set_rng_state", "check_same_data",
-           "check_init_data", "check_same_model", "changed_options", "codec_difference",
-           "vocabulary_mismatch"]
+           "saved_init_from", "check_same_parent", "saved_position", "get_rng_state",
+           "set_rng_state", "check_same_data", "check_init_data", "check_same_model",
+           "model_differences", "changed_options", "codec_difference", "vocabulary_mismatch"]

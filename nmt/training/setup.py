@@ -134,9 +134,11 @@ class ValidationData:
 def validation_data(cfg: TrainConfig, data, data_dir: str, info: DistInfo,
                     max_positions: int | None) -> ValidationData:
     if cfg.valid_subset not in data.splits:
-        if cfg.best_checkpoint_metric != "loss" or cfg.patience:
+        if (cfg.best_checkpoint_metric != "loss" or cfg.patience or cfg.average_best
+                or cfg.ensemble_best):
             raise NmtError(f"{data_dir}: no '{cfg.valid_subset}' split, which "
-                           f"--best-checkpoint-metric/--patience need")
+                           f"--best-checkpoint-metric/--patience/--average-best/"
+                           f"--ensemble-best need")
         log.warning("no '%s' split in %s: no validation", cfg.valid_subset, data_dir)
         return ValidationData()
     dataset = data.load_split(cfg.valid_subset)
