@@ -127,6 +127,14 @@ def test_score_reference_text_and_jsonl(ckpt, tmp_path):
                                        "jsonl").stdout.splitlines()]
     assert [r["id"] for r in rows] == [0, 1, 2, 3]
     assert rows[0]["score"] == pytest.approx(norm, abs=1e-5)
+    # a blank jsonl line is an empty pair, as an empty line of text with --reference (it was
+    # "no target to score")
+    blank = write(tmp_path / "b.jsonl", [json.dumps({"source": "w4", "target": targets[1]}),
+                                         ""])
+    pair = gen(ckpt, "-i", blank, "--input-format", "jsonl", "--score-reference").stdout
+    text = gen(ckpt, "-i", write(tmp_path / "s2", ["w4", ""]), "--score-reference",
+               "--reference", write(tmp_path / "t2", [targets[1], ""])).stdout
+    assert pair == text and len(pair.splitlines()) == 2
     short = write(tmp_path / "short", targets[:3])
     one_line_error(gen(ckpt, "-i", src, "--score-reference", "--reference", short, ok=False),
                    "has 3 lines but", "has 4")

@@ -133,7 +133,9 @@ def _pairs(cfg: GenerateConfig, lines: Sequence[str], name: str
         from nmt.search.requests import parse_requests
 
         requests = parse_requests(list(lines), 1, name)
-        missing = next((i for i, r in enumerate(requests) if r.target is None), None)
+        # a blank line is an empty pair, as an empty line of a text file with --reference
+        missing = next((i for i, r in enumerate(requests)
+                        if r.target is None and lines[i].strip()), None)
         if missing is not None:
             raise NmtError(f"{name}: line {missing + 1}: no \"target\" to score")
         return [r.source for r in requests], [r.target or "" for r in requests]
