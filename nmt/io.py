@@ -32,11 +32,12 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
         text = text[1:]
         log.warning("%s: dropped the UTF-8 byte-order mark at its start (sacreBLEU's own "
                     "command line would keep it glued to the first word)", name)
-    # Only the line terminator is stripped; other whitespace is data.
+    # Only the line terminator is stripped; other whitespace is data. A CR alone at the end is
+    # a CRLF file's last line without its LF (a line can only lack its LF at the end).
     if text.endswith("\n"):
         text = text[:-1]
-        if text.endswith("\r"):
-            text = text[:-1]
+    if text.endswith("\r"):
+        text = text[:-1]
     return text
 
 

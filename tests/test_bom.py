@@ -88,3 +88,12 @@ def test_nmt_preprocess_learns_no_vocabulary_entry_for_the_bom(tmp_path):
                                     "--joined-dictionary", "--workers", "1", "-q"]).strip()
     vocab = (tmp_path / "bin" / "dict.xx.txt").read_text(encoding="utf-8")
     assert dest and "w1" in vocab and BOM not in vocab
+
+
+def test_a_crlf_files_last_line_without_its_lf_loses_its_cr(tmp_path):
+    """"a\\r\\nb\\r" (a CRLF file whose last line lacks the LF) kept the CR in "b\\r": a
+    source word of its own, echoed in nmt-generate's jsonl "source"."""
+    p = tmp_path / "crlf.txt"
+    p.write_bytes(b"a b\r\nc\r")
+    assert list(iter_lines(p)) == ["a b", "c"]
+    assert [line for chunk, _ in iter_line_chunks(p, 1) for line in chunk] == ["a b", "c"]
