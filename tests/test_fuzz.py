@@ -96,6 +96,9 @@ def test_generate_cli_one_line_per_input_line(ckpt, tmp_path, lines, fmt):
 @SETTINGS
 @given(pairs=st.lists(st.tuples(LINE, st.booleans()), min_size=1, max_size=12))
 def test_score_sentence_mode_one_line_per_hypothesis(tmp_path, pairs):
+    if pairs and pairs[0][0].startswith("\ufeff"):
+        # a byte-order mark opening a file is dropped on reading (nmt.io)
+        pairs = [(pairs[0][0][1:], pairs[0][1]), *pairs[1:]]
     hyps = [as_read(h) for h, _ in pairs]
     # Every other reference differs: the per-line scores must come back in the right place.
     refs = [h if same else "zq xv " + h for h, same in pairs]

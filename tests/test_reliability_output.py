@@ -236,13 +236,15 @@ def _tree(path):
 
 
 def test_a_rerun_removes_what_a_killed_preprocess_left(f, tmp_path):
-    # The inputs are FIFOs at first: nmt-preprocess stops in the middle, its temporary
-    # directory made, until it is killed.
+    # The valid split is a pair of FIFOs (a training split may not be one: it is read twice):
+    # nmt-preprocess stops in the middle, its temporary directory made, until it is killed.
     d = tmp_path
     for lang in ("xx", "yy"):
-        os.mkfifo(d / f"train.{lang}")
+        (d / f"train.{lang}").write_text("\n".join(f["lines"][:40]) + "\n")
+        os.mkfifo(d / f"valid.{lang}")
     p = subprocess.Popen(["nmt-preprocess", "-s", "xx", "-t", "yy", "--trainpref",
-                          str(d / "train"), "--destdir", str(d / "bin"), "--subword", "none",
+                          str(d / "train"), "--validpref", str(d / "valid"),
+                          "--destdir", str(d / "bin"), "--subword", "none",
                           "--joined-dictionary", "--workers", "1", "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
     deadline = time.time() + 60
@@ -259,8 +261,7 @@ def test_a_rerun_removes_what_a_killed_preprocess_left(f, tmp_path):
     live.mkdir()
     try:
         for lang in ("xx", "yy"):
-            os.unlink(d / f"train.{lang}")
-            (d / f"train.{lang}").write_text("\n".join(f["lines"][:40]) + "\n")
+            os.unlink(d / f"valid.{lang}")
         r = _preprocess(d, d / "bin")
         assert r.returncode == 0, r.stderr
         assert [t.name for t in d.iterdir() if ".tmp-" in t.name] == [live.name]
