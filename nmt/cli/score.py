@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 import sys
 from dataclasses import dataclass
 

@@ -80,13 +80,12 @@ def learn_wordpiece_vocab(sentences: Iterable[str], vocab_size: int, min_frequen
                 changed.add(pair)
                 where.setdefault(pair, set()).add(i)
             units[i] = new
-        pairs.pop((a, b), None)
-        for pair in changed:
+        for pair in changed:                       # (a, b) among them, at count 0 now
             count = pairs.get(pair, 0)
             if count <= 0:
                 pairs.pop(pair, None)
                 where.pop(pair, None)
-            elif pair != (a, b):
+            else:
                 heapq.heappush(heap, (-count, pair[0], pair[1]))
     return vocab
 

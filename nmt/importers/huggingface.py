@@ -87,14 +87,15 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     dest = check_output(out, (d,))
     config = read_json(d / "config.json", "model configuration")
     tok = _optional_json(d / "tokenizer_config.json", "tokenizer configuration")
-    gen = _optional_json(d / "generation_config.json", "generation configuration")
     if tok.get("separate_vocabs") or (d / "target_vocab.json").exists():
         raise NmtError(f"{d}: cannot import: separate source and target vocabularies "
                        f"(separate_vocabs) are not supported")
     symbols = _read_vocab(d / "vocab.json")
     specials = _special_ids(symbols, config, tok, d)
     # transformers reads generation_config.json alone when it is there, else config.json's keys
-    settings = gen if (d / "generation_config.json").exists() else _generation_keys(config)
+    gen_path = d / "generation_config.json"
+    settings = (read_json(gen_path, "generation configuration") if gen_path.exists()
+                else _generation_keys(config))
     cfg = marian_config(config, settings, specials, str(d))
     weights = _read_weights(d)
     rows = _check_vocab_sizes(len(symbols), config, weights, d)

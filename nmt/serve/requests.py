@@ -249,9 +249,8 @@ def encode(req: TranslateRequest, cfg: ServeConfig
     prefixes = None
     if req.prefixes is not None:
         # One string for every sentence is encoded once (the search cuts each at its limit).
-        memo: dict[str, list[int]] = {}
-        prefixes = [(memo[p] if p in memo else memo.setdefault(p, t.tgt_codec.encode(p)))
-                    if p else [] for p in req.prefixes]
+        encoded = {p: t.tgt_codec.encode(p) for p in set(req.prefixes) if p}
+        prefixes = [encoded[p] if p else [] for p in req.prefixes]
     return ids, prefixes, _encode_constraints(req, ids, prefixes)
 
 

@@ -84,11 +84,14 @@ def _check_same_model(ckpt: dict, first: dict, path, first_path) -> None:
                            f"({diff}); only checkpoints of one model can be averaged")
 
 
-def _same(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+def _file_key(path: str | os.PathLike) -> tuple[int, int] | None:
+    """What os.path.samefile compares; None for a file that cannot be read (load_checkpoint
+    reports it)."""
     try:
-        return os.path.samefile(a, b)
+        st = os.stat(path)
     except OSError:
-        return False
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
@@ -96,11 +99,9 @@ def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
     links to numbered checkpoints, so a glob like checkpoint_*.pt repeats the newest one."""
     seen: dict[tuple[int, int], str | os.PathLike] = {}
     for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue                     # load_checkpoint reports a missing file
-        key = (st.st_dev, st.st_ino)     # what os.path.samefile compares
+        key = _file_key(path)
+        if key is None:
+            continue
         if key in seen:
             raise NmtError(f"{path} is the same file as {seen[key]}: it would be averaged twice; "
                            f"give each checkpoint once (the numbered checkpoint_<update>.pt, "
@@ -109,7 +110,8 @@ def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
 
 
 def average_to_file(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
-    if Path(output).exists() and any(_same(output, p) for p in paths):
+    out_key = _file_key(output)
+    if out_key is not None and out_key in map(_file_key, paths):
         raise NmtError(f"{output}: is one of the checkpoints to average, which writing the "
                        f"average would replace; give another --output")
     out = average_checkpoints(paths)
