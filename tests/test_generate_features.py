@@ -82,6 +82,21 @@ def test_forced_prefixes_from_jsonl(ckpt, tmp_path):
     assert gen(ckpt, stdin="w4 w5\n").stdout.splitlines() == [out[1]]
 
 
+def test_a_prefix_the_vocabulary_cannot_spell_is_forced_with_a_warning(ckpt, tmp_path):
+    """A prefix word outside the target vocabulary is forced as <unk> (the translation starts
+    with it) and the line is named in a warning; a prefix it can spell is not warned about."""
+    src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1", "prefix": "w2"}),
+                                        json.dumps({"source": "w1 w2", "prefix": "w7 zebra"})])
+    r = CliRunner().invoke(main, [str(ckpt), "--device", "cpu", "-i", str(src), "--input-format",
+                                  "jsonl", "--output-format", "jsonl"])
+    assert r.exit_code == 0, r.stderr
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(out) == 2 and out[1]["tokens"][:2] == ["w7", "<unk>"]
+    warned = [x for x in r.stderr.splitlines() if "prefix" in x]
+    assert len(warned) == 1 and "line 2: prefix 'w7 zebra' cannot be spelled" in warned[0]
+    assert warned[0].endswith("it is forced as: w7 <unk>"), warned
+
+
 def test_sampling_keeps_forced_prefixes(ckpt, tmp_path):
     src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1 w2 w3", "prefix": "w7 w8"}),
                                         json.dumps({"source": "w4"})])
@@ -296,6 +311,27 @@ def test_a_constraint_that_cannot_be_spelled_stops_the_run_before_any_output(ckp
             "--workers", workers, ok=False)
     one_line_error(r, "in.jsonl: line 2: constraint 1 ('zzz') cannot be spelled")
     assert list(tmp_path.iterdir()) == [src]
+
+
+def test_the_constraint_check_loads_the_model_only_for_lines_with_constraints(ckpt, tmp_path):
+    """--workers checks a jsonl file's constraints in the parent before any worker starts; the
+    model it needs for that is built only when a line has constraints, and once."""
+    from nmt.cli.generate_input import check_constraints
+
+    built = []
+
+    def translator():
+        built.append(1)
+        return Translator.from_checkpoint(ckpt)
+
+    plain = write(tmp_path / "plain.jsonl", [json.dumps({"source": "w1", "prefix": "w2"})] * 5)
+    check_constraints(str(plain), translator, 2)
+    assert built == []
+    some = write(tmp_path / "some.jsonl", [json.dumps({"source": "w1"}),
+                                           *[json.dumps({"source": "w2", "constraints": ["w3"]})]
+                                           * 3])
+    check_constraints(str(some), translator, 2)
+    assert built == [1]
 
 
 def test_an_ensemble_says_whose_preset_it_decodes_with(tmp_path):

@@ -328,8 +328,9 @@ def test_an_import_never_ends_before_its_first_token_as_fairseq(imported, tmp_pa
 
 
 def test_the_output_never_replaces_an_input_and_bad_subword_files_are_named(tmp_path):
-    """-o naming the fairseq checkpoint (or a file of the dictionary directory) would replace
-    the model being imported: refused before any work. A codes file or sentencepiece model
+    """-o naming the fairseq checkpoint, its codes or a dict.LANG.txt would replace the model
+    being imported: refused before any work; another file of the dictionary directory (the
+    checkpoint an earlier import wrote there) is an ordinary -o. A codes file or sentencepiece model
     that cannot be read is named in the one-line error."""
     fix = tmp_path / "fix"
     shutil.copytree(FIXTURES / "postnorm_shared", fix)
@@ -338,6 +339,10 @@ def test_the_output_never_replaces_an_input_and_bad_subword_files_are_named(tmp_
         r = CliRunner().invoke(import_main, [*import_args(fix), "-o", str(out)])
         assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
         assert "an input of this import" in r.stderr and "give another -o" in r.stderr
+    assert (fix / "checkpoint_last.pt").read_bytes() == before
+    for _ in range(2):     # re-running an import into the data directory replaces only its -o
+        r = CliRunner().invoke(import_main, [*import_args(fix), "-o", str(fix / "model.pt")])
+        assert r.exit_code == 0 and r.stdout == f"{fix / 'model.pt'}\n", r.output
     assert (fix / "checkpoint_last.pt").read_bytes() == before
     bad = tmp_path / "codes.txt"
     bad.write_text("a b c\n", encoding="utf-8")

@@ -431,6 +431,25 @@ def test_half_precision_weights_import_as_the_float32_ones(marian, imported, tmp
     assert all(torch.equal(a["model"][k].half().float(), b["model"][k]) for k in a["model"])
 
 
+def test_the_output_never_replaces_a_file_the_import_reads(marian, imported, tmp_path):
+    """-o naming the Marian directory's weights, vocabulary or configuration is refused before
+    any work; a checkpoint written into the directory is replaced by re-running the import."""
+    from nmt.cli.import_ import main
+
+    d = copy_marian(marian, tmp_path / "opus")
+    before = {f: (d / f).read_bytes() for f in os.listdir(d)}
+    for name in ("model.safetensors", "vocab.json", "config.json", "source.spm"):
+        r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(d / name)])
+        assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "an input of this import" in r.stderr and "give another -o" in r.stderr
+    for _ in range(2):
+        r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(d / "model.pt")])
+        assert r.exit_code == 0 and r.stdout == f"{d / 'model.pt'}\n", r.output
+    assert all((d / f).read_bytes() == b for f, b in before.items())
+    a, b = load_checkpoint(imported)["model"], load_checkpoint(d / "model.pt")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_vocabulary_sizes_that_disagree_are_refused_in_one_line(marian, tmp_path):
     """vocab.json naming an id past the embedding's rows (it would index outside it) and
     config.json's vocab_size differing from the weights' rows are refused by number."""

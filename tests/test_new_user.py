@@ -207,6 +207,21 @@ def test_lr_period_warns_when_cycle_ends_are_not_saved(tmp_path):
     assert code == 0 and "--lr-period" not in err, err
 
 
+def test_valid_search_options_without_decoding_validation_are_warned(tmp_path):
+    """--valid-beam (any --valid-<search> option) does nothing when validation only computes
+    the loss: said once at the start; not said when validation decodes."""
+    code, out, err = invoke(preprocess_main, corpus(tmp_path))
+    assert code == 0, err
+    base = [out.strip(), "--arch", "transformer_tiny", "--max-update", "1", "--warmup", "1",
+            "--max-tokens", "100", "--valid-beam", "2", "--valid-max-len-b", "5"]
+    code, _, err = invoke(train_main, base + ["--save-dir", tmp_path / "s"])
+    assert code == 0, err
+    assert ("--valid-beam --valid-max-len-b: validation does not decode in this run, so have "
+            "no effect") in err, err
+    code, _, err = invoke(train_main, base + ["--valid-bleu", "--save-dir", tmp_path / "s2"])
+    assert code == 0 and "does not decode" not in err, err
+
+
 def test_captured_logs_keep_whole_table_cells(tmp_path):
     r = run(["nmt-preprocess", *corpus(tmp_path)])
     assert r.returncode == 0, r.stderr

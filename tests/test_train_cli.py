@@ -77,6 +77,9 @@ def test_average_mode(data_dir, tmp_path):
     (["--average", "a.pt", "--output", "x.pt", "-o", "nonsense=1", "--max-update", "7"],
      "--average trains nothing: --max-update, -o would be ignored"),
     (["--list-archs", "-o", "dropout=0.5"], "--list-archs trains nothing: -o would be"),
+    # given with its default value: still given, still ignored
+    (["--average", "a.pt", "--output", "x.pt", "--max-update", "0", "--device", "auto"],
+     "--average trains nothing: --max-update, --device would be ignored"),
     # -o arch=X only renamed the model
     (["DATA", "--max-update", "1", "-o", "arch=transformer_big"],
      "'arch' is not an override: choose the preset with --arch"),

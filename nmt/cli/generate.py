@@ -204,7 +204,8 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
         if checkable:
             # Before any worker writes: a line found bad mid-run would stop every rerun of a
             # resumable --output at that line.
-            check_constraints(cfg.input_path, build_translator(sources, cfg, "cpu", "fp32"),
+            check_constraints(cfg.input_path,
+                              lambda: build_translator(sources, cfg, "cpu", "fp32"),
                               cfg.buffer_size)
         threads, verbose, quiet = runtime
         spec = WorkerSpec(paths, cfg, device, precision, worker_threads(threads, workers),
@@ -214,7 +215,7 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
     translator = build_translator(sources, cfg, device, precision)
     _log_decoding(translator, cfg, precision)
     if checkable:
-        check_constraints(cfg.input_path, translator, cfg.buffer_size)
+        check_constraints(cfg.input_path, lambda: translator, cfg.buffer_size)
     return translator, None
 
 

@@ -13,7 +13,7 @@ comes (nmt.io.stream_batches).
 from __future__ import annotations
 
 import sys
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from nmt.cli.generate_config import GenerateConfig
 
@@ -61,22 +61,24 @@ def check_input(path: str, chunk_lines: int, jsonl: bool) -> int:
     return n
 
 
-def check_constraints(path: str, translator, chunk_lines: int) -> None:
+def check_constraints(path: str, translator: Callable[[], Any], chunk_lines: int) -> None:
     """Before anything is written: every lexical constraint of a jsonl --input file can be
     spelled and fits its line's length limit (the checks the Translator makes per chunk, which
-    would otherwise stop a long run midway, on a line a rerun cannot get past)."""
+    would otherwise stop a long run midway, on a line a rerun cannot get past).
+    ``translator()`` gives the Translator, called at the first line with constraints only
+    (--workers builds one in the parent for this check alone)."""
     from nmt.io import iter_line_chunks
     from nmt.search.lexical import check_room, encode_constraints, refuse_with
     from nmt.search.requests import parse_requests
 
-    t, n, checked = translator, 0, False
+    t, n = None, 0
     for chunk, _ in iter_line_chunks(path, chunk_lines):
         for i, r in enumerate(parse_requests(chunk, n + 1, path)):
             if not r.constraints:
                 continue
-            if not checked:
+            if t is None:
+                t = translator()
                 refuse_with(t.search, t.sampling is not None, t.constraints is not None)
-                checked = True
             where = f"{path}: line {n + 1 + i}"
             ids = encode_constraints(t.tgt_codec, r.constraints, where)
             source = min(len(t.src_codec.encode(r.source)), t.max_source_len)

@@ -47,6 +47,18 @@ def list_archs_table(vocab_size: int) -> None:
     Console(file=sys.stdout, width=max(120, console.width)).print(table)
 
 
+def _training_options_given(names: set[str]) -> list[str]:
+    """The options among ``names`` the command line (or the environment) gave, whatever their
+    value: a default given explicitly is given too."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return ["-o" if p.name == "overrides" else max(p.opts, key=len)
+            for p in ctx.command.params if p.name in names
+            and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT,
+                                                         ParameterSource.DEFAULT_MAP, None)]
+
+
 @click.command(cls=Command, prog="nmt-train",
                context_settings={"help_option_names": ["-h", "--help"],
                                  "max_content_width": 100})
@@ -108,11 +120,8 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
         load_user_dir(options["user_dir"])
     if list_archs or average_mode:
         # These modes train nothing: a training option or -o given with them would be ignored.
-        defaults = {p.name: p.default for p in click.get_current_context().command.params}
-        given = [f"--{k.replace('_', '-')}" for k, v in options.items()
-                 if k != "user_dir" and str(v) != str(defaults.get(k, v))]
-        given += ["-o"] * bool(overrides) + ["--device"] * (device != "auto")
-        given += ["--precision"] * (precision != "fp32")
+        given = _training_options_given(set(options) - {"user_dir"}
+                                        | {"overrides", "device", "precision"})
         if given:
             raise UsageError(f"{'--list-archs' if list_archs else '--average'} trains nothing: "
                              f"{', '.join(given)} would be ignored; leave "

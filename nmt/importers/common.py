@@ -9,6 +9,7 @@ know (a crafted pickle gets a one-line NmtError, and nothing of it is executed).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import pickle
@@ -113,22 +114,30 @@ def permute_rows(t: torch.Tensor, order: Sequence[int], fill: float = 0.0) -> to
     return out
 
 
-def check_output(out: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = ()
-                 ) -> Path:
+def check_output(out: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = (),
+                 reads: Mapping[str | os.PathLike, Sequence[str]] | None = None) -> Path:
     """The checkpoint path to write, checked before any work: not a directory, and not a file
-    the import reads (one of ``inputs``, or a file inside one that is a directory): writing it
-    would replace the model being imported."""
+    the import reads: one of ``inputs``, or a file of a directory in ``reads`` whose name
+    matches one of its glob patterns (the fairseq ``dict.*.txt`` of the dictionary directory,
+    the Marian directory's config.json, weights, vocabularies). Writing it would replace the
+    model being imported; any other file in those directories (a ``model.pt`` an earlier
+    import wrote there) may be replaced as any -o may."""
     dest = Path(out)
     if dest.exists() and dest.is_dir():
         raise NmtError(f"{dest}: is a directory; give the checkpoint file to write (-o model.pt)")
-    if dest.exists():
-        here = dest.resolve()
-        for given in filter(None, inputs):
-            p = Path(given).resolve()
-            if here == p or (p.is_dir() and p in here.parents):
-                raise NmtError(f"{dest}: is {'' if here == p else 'inside '}{given}, an input "
-                               f"of this import, which writing the checkpoint would replace; "
-                               f"give another -o")
+    if not dest.exists():
+        return dest
+    here = dest.resolve()
+    for given in filter(None, inputs):
+        if here == Path(given).resolve():
+            raise NmtError(f"{dest}: is {given}, an input of this import, which writing the "
+                           f"checkpoint would replace; give another -o")
+    for folder, patterns in (reads or {}).items():
+        if here.parent == Path(folder).resolve() and any(fnmatch.fnmatchcase(here.name, g)
+                                                         for g in patterns):
+            raise NmtError(f"{dest}: is an input of this import (a file it reads from "
+                           f"{folder}), which writing the checkpoint would replace; give "
+                           f"another -o")
     return dest
 
 

@@ -53,6 +53,11 @@ from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.import")
 
+# The files of a Marian directory the import reads: -o may not name one of them.
+MARIAN_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "vocab.json",
+                "target_vocab.json", "source.spm", "target.spm", "model.safetensors",
+                "pytorch_model.bin")
+
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 # MarianConfig's defaults for the keys a config.json may leave out (transformers 4.x-5.x).
 DEFAULTS = {"activation_function": "gelu", "scale_embedding": False,
@@ -84,7 +89,7 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     if not d.is_dir():
         raise NmtError(f"{d}: not a directory (give the model directory, with config.json, "
                        f"the weights, source.spm, target.spm and vocab.json)")
-    dest = check_output(out, (d,))
+    dest = check_output(out, reads={d: MARIAN_FILES})
     config = read_json(d / "config.json", "model configuration")
     tok = _optional_json(d / "tokenizer_config.json", "tokenizer configuration")
     if tok.get("separate_vocabs") or (d / "target_vocab.json").exists():

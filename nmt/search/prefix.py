@@ -9,6 +9,7 @@ output. A prefix longer than a sentence's length limit is cut there, as any outp
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,6 +18,25 @@ import torch
 from torch import Tensor
 
 from nmt.search.constraints import FLOOR
+from nmt.specials import UNK
+
+log = logging.getLogger("nmt.search")
+
+
+def encode_prefixes(codec, prefixes: Sequence[str | None], first_line: int = 1
+                    ) -> list[list[int]]:
+    """Target ids of each raw prefix (None or "" for none). A prefix the target vocabulary
+    cannot spell whole is still forced, its unknown pieces as <unk>, with a warning naming
+    its line: the translation will start with <unk> there."""
+    out = []
+    for i, text in enumerate(prefixes):
+        ids = list(codec.encode(text)) if text else []
+        if UNK in ids:
+            log.warning("line %d: prefix %r cannot be spelled with the target vocabulary; "
+                        "it is forced as: %s", first_line + i, text,
+                        " ".join(codec.dictionary[int(t)] for t in ids))
+        out.append(ids)
+    return out
 
 
 class PrefixConstraints:
@@ -65,4 +85,4 @@ class PrefixState:
         return PrefixState(self.forced.index_select(0, rows), self.width)
 
 
-__all__ = ["PrefixConstraints", "PrefixState"]
+__all__ = ["PrefixConstraints", "PrefixState", "encode_prefixes"]

@@ -222,7 +222,9 @@ class Translator:
         if prefixes is not None:
             if len(prefixes) != len(lines):
                 raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} sentences")
-            prefix_ids = [self.tgt_codec.encode(p) if p else [] for p in prefixes]
+            from nmt.search.prefix import encode_prefixes
+
+            prefix_ids = encode_prefixes(self.tgt_codec, prefixes, first_line)
         constraint_ids = None
         if constraints is not None:
             from nmt.search.lexical import encode_constraints

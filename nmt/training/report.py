@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from nmt.errors import NmtError
+from nmt.search.config import PRESET_FIELDS
 from nmt.training.config import TrainConfig
 from nmt.training.curves import plot_curves
 from nmt.training.meter import memory_stats
@@ -36,6 +37,12 @@ def start(cfg: TrainConfig, arch: str, n_params: int, n_train: int, world_size: 
                     "learning rate never reaches its peak and the model will be undertrained; "
                     "give a shorter warm-up, e.g. --warmup %d", cfg.max_update, cfg.warmup,
                     max(1, cfg.max_update // 4))
+    unused = [f"--valid-{name.replace('_', '-')}" for name in PRESET_FIELDS
+              if getattr(cfg, f"valid_{name}") is not None]
+    if unused and not cfg.metric_needs_decoding:
+        log.warning("%s: validation does not decode in this run, so %s no effect; give "
+                    "--valid-bleu or a decoding --best-checkpoint-metric (bleu, chrf, "
+                    "bracket-f1)", " ".join(unused), "has" if len(unused) == 1 else "have")
     every = cfg.save_interval_updates
     if cfg.lr_period and (not every or cfg.warmup % every or cfg.lr_period % every):
         log.warning("--lr-period %d: not every cycle's end (updates %d, %d, ...) is saved, so "
