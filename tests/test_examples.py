@@ -8,6 +8,7 @@ import http.server
 import os
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -780,6 +781,33 @@ def test_parsing_learning_curve_from_train_sentences(tmp_path):
                          timeout=60)
     assert bad.returncode != 0 and "not a finished run.sh work dir" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+    def curve(*works):
+        return subprocess.run([sys.executable, str(EXAMPLES / "parsing_wsj" / "learning_curve.py"),
+                               *map(str, works)], capture_output=True, text=True, env=ENV,
+                              timeout=60)
+    # a dry run refuses another size too, as the real run would
+    dry = run("--dry-run", "--train-sentences", 5, work=small)
+    assert dry.returncode == 2 and "made with --train-sentences 4, not 5" in dry.stderr
+    # points tested on different sentences are not one curve
+    shutil.copytree(small, tmp_path / "other")
+    gold = tmp_path / "other" / "text" / "test.gold"
+    gold.write_text(gold.read_text().replace("(", "( ", 1))
+    p = curve(small, tmp_path / "other")
+    assert p.returncode != 0 and "were tested on different sentences" in p.stderr, p.stderr
+    # a rerun with other settings stopped midway (training refused: the save dir is in use)
+    # leaves the old scores unvouched for: not read as the new run's
+    from nmt.lock import WriterLock
+
+    with WriterLock(small / "checkpoints" / ".nmt.lock", small / "checkpoints", "test"):
+        stopped = run("--train-sentences", 4, "--max-update", 3, work=small)
+    assert stopped.returncode != 0 and "in use" in stopped.stderr, stopped.stderr
+    assert sorted(p.name for p in (small / ".done").iterdir()) == ["prepare", "preprocess"]
+    assert (small / "results" / "bracket_f1.txt").exists()
+    p = curve(small)
+    assert p.returncode != 0 and "not a finished run.sh work dir" in p.stderr
+    assert run("--train-sentences", 4, "--max-update", 3, work=small).returncode == 0
+    assert curve(small).returncode == 0
 
 
 def test_prepare_train_sentences_is_checked(tmp_path):

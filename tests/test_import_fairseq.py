@@ -335,7 +335,10 @@ def test_the_output_never_replaces_an_input_and_bad_subword_files_are_named(tmp_
     fix = tmp_path / "fix"
     shutil.copytree(FIXTURES / "postnorm_shared", fix)
     before = (fix / "checkpoint_last.pt").read_bytes()
-    for out in (fix / "checkpoint_last.pt", fix / "dict.en.txt", fix / "bpecodes"):
+    # dict.fr.txt and train.de-en.pt do not exist: written, the next import would read
+    # them (a dictionary; a language pair guessed from train.SRC-TGT.* names)
+    for out in (fix / "checkpoint_last.pt", fix / "dict.en.txt", fix / "bpecodes",
+                fix / "dict.fr.txt", fix / "train.de-en.pt"):
         r = CliRunner().invoke(import_main, [*import_args(fix), "-o", str(out)])
         assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
         assert "an input of this import" in r.stderr and "give another -o" in r.stderr

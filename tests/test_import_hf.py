@@ -438,10 +438,24 @@ def test_the_output_never_replaces_a_file_the_import_reads(marian, imported, tmp
 
     d = copy_marian(marian, tmp_path / "opus")
     before = {f: (d / f).read_bytes() for f in os.listdir(d)}
-    for name in ("model.safetensors", "vocab.json", "config.json", "source.spm"):
+    # target_vocab.json and pytorch_model.bin are not there: written, they would change the
+    # next import (separate vocabularies; weights read in another order)
+    assert not (d / "target_vocab.json").exists() and not (d / "pytorch_model.bin").exists()
+    for name in ("model.safetensors", "vocab.json", "config.json", "source.spm",
+                 "target_vocab.json", "pytorch_model.bin"):
         r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(d / name)])
         assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
         assert "an input of this import" in r.stderr and "give another -o" in r.stderr
+    # the Hugging Face cache: a snapshot's files are links into blobs/; -o names the link
+    snap, blobs = tmp_path / "cache" / "snapshots" / "rev", tmp_path / "cache" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in os.listdir(d):
+        (blobs / f"sha-{f}").write_bytes((d / f).read_bytes())
+        (snap / f).symlink_to(blobs / f"sha-{f}")
+    r = CliRunner().invoke(main, ["huggingface", str(snap), "-o", str(snap / "model.safetensors")])
+    assert r.exit_code == 1 and "an input of this import" in r.stderr, r.stderr
+    assert (snap / "model.safetensors").is_symlink()
     for _ in range(2):
         r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(d / "model.pt")])
         assert r.exit_code == 0 and r.stdout == f"{d / 'model.pt'}\n", r.output

@@ -68,6 +68,22 @@ def test_patience_stops_and_names_the_best_checkpoint(tmp_path, monkeypatch):
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["progress"]["update"] == 5
 
 
+def test_patience_running_out_at_max_update_is_a_finished_run(tmp_path, monkeypatch, caplog):
+    """Patience that runs out at the very save --max-update ends on did not stop the run early:
+    the end says "finished" (it said "stopped early (--patience)", and a recipe's README
+    believed it)."""
+    scripted_validation(monkeypatch, [5.0, 4.0, 4.5, 4.2, 4.1], key="loss")
+    with caplog.at_level("INFO", logger="nmt.train"):
+        train(run_cfg(tmp_path, max_update=5, patience=3), FakeData(n_train=40), "fake")
+    text = caplog.text
+    assert "finished; " in text and "stopped early" not in text and "stopping:" not in text
+    caplog.clear()
+    scripted_validation(monkeypatch, [5.0, 4.0, 4.5, 4.2, 4.1], key="loss")
+    with caplog.at_level("INFO", logger="nmt.train"):
+        train(run_cfg(tmp_path / "b", max_update=6, patience=3), FakeData(n_train=40), "fake")
+    assert "stopped early (--patience)" in caplog.text
+
+
 def test_bleu_is_maximized_and_average_best_keeps_its_checkpoints(tmp_path, monkeypatch):
     scripted_validation(monkeypatch, [10.0, 30.0, 20.0, 25.0, 5.0, 1.0, 2.0], key="bleu")
     monkeypatch.setattr(end, "score_checkpoint", lambda run_end, path: None)

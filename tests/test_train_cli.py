@@ -80,6 +80,7 @@ def test_average_mode(data_dir, tmp_path):
     # given with its default value: still given, still ignored
     (["--average", "a.pt", "--output", "x.pt", "--max-update", "0", "--device", "auto"],
      "--average trains nothing: --max-update, --device would be ignored"),
+    (["--list-archs", "--no-resume"], "--list-archs trains nothing: --resume/--no-resume would"),
     # -o arch=X only renamed the model
     (["DATA", "--max-update", "1", "-o", "arch=transformer_big"],
      "'arch' is not an override: choose the preset with --arch"),

@@ -8,7 +8,9 @@
 
 Each WORK_DIR gives one point: its training sentences (the lines of WORK/text/train.words),
 the test F1 under tree constraints (WORK/results/bracket_f1.txt) and, when the run wrote it,
-without them (bracket_f1.free.txt). Prints a markdown table and draws the picture.
+without them (bracket_f1.free.txt), each read only when run.sh's marker of its scoring step
+(WORK/.done/score, score_free) is there. All points must share one test set
+(WORK/text/test.gold). Prints a markdown table and draws the picture.
 """
 
 from __future__ import annotations
@@ -39,14 +41,28 @@ def read_f1(path: Path) -> float | None:
 
 
 def point(work: Path) -> dict:
+    """One work dir's point. Its scores count only when run.sh's marker of the scoring step
+    vouches for them: a rerun with other settings removes the markers of the steps it redoes,
+    so one stopped midway leaves scores of the old settings that are not read."""
     train, test = work / "text" / "train.words", work / "results" / "bracket_f1.txt"
-    if not train.exists() or not test.exists():
-        raise NmtError(f"{work}: not a finished run.sh work dir (no text/train.words or "
-                       f"results/bracket_f1.txt)")
+    done, gold = work / ".done", work / "text" / "test.gold"
+    if not all(p.exists() for p in (train, test, gold, done / "score")):
+        raise NmtError(f"{work}: not a finished run.sh work dir (no text/train.words, "
+                       f"text/test.gold, results/bracket_f1.txt or .done/score)")
     with open(train, encoding="utf-8") as f:
-        sentences = sum(1 for _ in f)
+        sentences = sum(1 for line in f if line.strip())
+    free = work / "results" / "bracket_f1.free.txt"
     return {"work": str(work), "sentences": sentences, "f1": read_f1(test),
-            "f1_free": read_f1(work / "results" / "bracket_f1.free.txt")}
+            "f1_free": read_f1(free) if (done / "score_free").exists() else None,
+            "test": gold.read_bytes()}
+
+
+def check_same_test(points: list[dict]) -> None:
+    """Every point is scored on the same test sentences (the same text/test.gold)."""
+    for p in points[1:]:
+        if p["test"] != points[0]["test"]:
+            raise NmtError(f"{p['work']} and {points[0]['work']} were tested on different "
+                           f"sentences (text/test.gold differs): not one learning curve")
 
 
 def draw(points: list[dict], out: Path) -> None:
@@ -77,6 +93,7 @@ def draw(points: list[dict], out: Path) -> None:
 def main(works, out):
     """One point per finished run.sh WORK_DIR: test F1 against training sentences."""
     points = sorted((point(Path(w)) for w in works), key=lambda p: p["sentences"])
+    check_same_test(points)
     click.echo("| training sentences | test F1 (tree constraints) | test F1 (free) | work dir |")
     click.echo("|---:|---:|---:|---|")
     for p in points:

@@ -176,9 +176,18 @@ step() {
     local recorded
     recorded="$(sed -n 2p "$work/.done/$name")"
     if [ -z "$recorded" ] || [ "$recorded" = "$sig" ]; then
-      echo "$name: already complete, skipping" >&2; return
+      echo "$name: already complete, skipping" >&2; confirmed+=("$name"); return
     fi
     echo "$name: its settings changed since it ran: running it and every later step again" >&2
+  fi
+  if [ "$redo_rest" = 0 ] && [ -d "$work/.done" ]; then
+    # From here on every step runs again: the markers of this step and of the later ones no
+    # longer describe the files, so they go now (a rerun stopped midway leaves results that
+    # no marker vouches for, and learning_curve.py refuses them).
+    local marker
+    for marker in "$work/.done"/*; do
+      case " ${confirmed[*]-} " in *" ${marker##*/} "*) ;; *) rm -f "$marker" ;; esac
+    done
   fi
   redo_rest=1
   echo "\$ $*${dest:+ > $dest}" >&2
@@ -191,6 +200,7 @@ step() {
     mv "$work/.done/.$name.tmp" "$work/.done/$name"
 }
 redo_rest=0
+confirmed=()     # the steps found complete in this run, in order
 # The nmt-* console scripts, or bin/ of this checkout when they are not installed.
 if command -v nmt-train >/dev/null 2>&1; then
   preprocess=(nmt-preprocess); train=(nmt-train); generate=(nmt-generate); score=(nmt-score)
@@ -206,20 +216,19 @@ fi
 
 [ "$dry_run" = 1 ] || mkdir -p "$work" "$out"
 
-# A work dir holds one training-set size: its steps are not redone when the size changes.
+# A work dir holds one training-set size: another size would resume training from the other
+# size's checkpoint_last.pt and list its checkpoints in the ensemble; refused (dry runs too).
 if [ -n "$train_sentences" ]; then prep_opts+=(--train-sentences "$train_sentences"); fi
-if [ "$dry_run" != 1 ]; then
-  size="${train_sentences:-all}"
-  if [ -e "$work/.done/prepare" ]; then
-    # (a folder prepared before this option existed has no size file: all sentences)
-    made=all; [ -s "$work/.train-sentences" ] && made="$(cat "$work/.train-sentences")"
-    if [ "$made" != "$size" ]; then
-      echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
-      exit 2
-    fi
-  else
-    echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
+size="${train_sentences:-all}"
+if [ -e "$work/.done/prepare" ]; then
+  # (a folder prepared before this option existed has no size file: all sentences)
+  made=all; [ -s "$work/.train-sentences" ] && made="$(cat "$work/.train-sentences")"
+  if [ "$made" != "$size" ]; then
+    echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
+    exit 2
   fi
+elif [ "$dry_run" != 1 ]; then
+  echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
 fi
 
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).

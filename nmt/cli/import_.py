@@ -83,7 +83,7 @@ def fairseq(checkpoint, data, bpe_codes, sentencepiece, moses, moses_no_dash_spl
     from nmt.importers.fairseq import import_fairseq
 
     dest = check_output(output, (checkpoint, bpe_codes, sentencepiece),
-                        reads={data: ("dict.*.txt",)})
+                        reads={data: ("dict.*.txt", "train.*-*.*")})
     ckpt = import_fairseq(checkpoint, data, bpe_codes=bpe_codes, sentencepiece=sentencepiece,
                           moses=moses, moses_no_dash_splits=moses_no_dash_splits,
                           moses_no_escape=moses_no_escape, source_lang=source_lang,

@@ -53,7 +53,8 @@ def _training_options_given(names: set[str]) -> list[str]:
     from click.core import ParameterSource
 
     ctx = click.get_current_context()
-    return ["-o" if p.name == "overrides" else max(p.opts, key=len)
+    return ["-o" if p.name == "overrides" else "/".join([max(p.opts, key=len),
+                                                         *p.secondary_opts])
             for p in ctx.command.params if p.name in names
             and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT,
                                                          ParameterSource.DEFAULT_MAP, None)]

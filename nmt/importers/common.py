@@ -119,26 +119,45 @@ def check_output(out: str | os.PathLike, inputs: Sequence[str | os.PathLike | No
     """The checkpoint path to write, checked before any work: not a directory, and not a file
     the import reads: one of ``inputs``, or a file of a directory in ``reads`` whose name
     matches one of its glob patterns (the fairseq ``dict.*.txt`` of the dictionary directory,
-    the Marian directory's config.json, weights, vocabularies). Writing it would replace the
-    model being imported; any other file in those directories (a ``model.pt`` an earlier
-    import wrote there) may be replaced as any -o may."""
+    the Marian directory's config.json, weights, vocabularies), whether or not it exists yet
+    (a ``target_vocab.json`` written there would change the next import). Writing one would
+    replace or change the model being imported; any other file in those directories (a
+    ``model.pt`` an earlier import wrote there) may be replaced as any -o may. The entry
+    written is compared, not the file a symlink points to (the Hugging Face cache's snapshot
+    files are links into its blobs), and an existing file is also compared by identity
+    (case-insensitive file systems)."""
     dest = Path(out)
     if dest.exists() and dest.is_dir():
         raise NmtError(f"{dest}: is a directory; give the checkpoint file to write (-o model.pt)")
-    if not dest.exists():
-        return dest
-    here = dest.resolve()
+    entry = _entry(dest)                # the directory entry atomic_write replaces
     for given in filter(None, inputs):
-        if here == Path(given).resolve():
+        if entry == _entry(Path(given)) or (dest.exists() and os.path.exists(given)
+                                             and os.path.samefile(dest, given)):
             raise NmtError(f"{dest}: is {given}, an input of this import, which writing the "
                            f"checkpoint would replace; give another -o")
     for folder, patterns in (reads or {}).items():
-        if here.parent == Path(folder).resolve() and any(fnmatch.fnmatchcase(here.name, g)
-                                                         for g in patterns):
+        if Path(folder).is_dir() and _read_from(dest, entry, Path(folder), patterns):
             raise NmtError(f"{dest}: is an input of this import (a file it reads from "
                            f"{folder}), which writing the checkpoint would replace; give "
                            f"another -o")
     return dest
+
+
+def _entry(path: Path) -> Path:
+    """``path``'s directory entry: its folder resolved, its own name kept (not followed)."""
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
+def _read_from(dest: Path, entry: Path, folder: Path, patterns: Sequence[str]) -> bool:
+    """Whether writing ``dest`` (the directory entry ``entry``) replaces or adds a file of
+    ``folder`` that matches ``patterns``."""
+    here = Path(os.path.realpath(folder))
+    if entry.parent == here and any(fnmatch.fnmatchcase(entry.name, g) for g in patterns):
+        return True
+    if not dest.exists():
+        return False
+    return any(os.path.samefile(dest, f) for f in folder.iterdir()
+               if any(fnmatch.fnmatchcase(f.name, g) for g in patterns) and f.exists())
 
 
 def named_errors(path: str | os.PathLike, build):

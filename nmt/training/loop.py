@@ -208,6 +208,8 @@ class Run:
     def out_of_patience(self, value: float | None) -> bool:
         if value is None or not self.selection.out_of_patience(self.cfg.patience):
             return False
+        if self.cfg.max_update and self.trainer.num_updates >= self.cfg.max_update:
+            return False     # the run ends here anyway: it finished, it did not stop early
         if self.is_main:
             log.info("stopping: %d validations in a row without a better %s (best %.4g at "
                      "update %s)", self.selection.bad_in_a_row, self.selection.metric,
