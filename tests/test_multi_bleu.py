@@ -85,3 +85,65 @@ def test_cli_lowercase_and_json(tmp_path):
     p = subprocess.run([sys.executable, "-m", "nmt.cli.score", "--ref", str(ref), "--hyp",
                         str(hyp), "-m", "multi-bleu"], capture_output=True, text=True)
     assert p.returncode == 2 and "--metric multi-bleu needs --lang" in p.stderr
+
+
+def test_quotes_as_the_release_s_moses_snapshot_normalizes_them():
+    """The Multi30k release ran normalize-punctuation.perl of Moses 3a0631a: a period before a
+    closing quote at the end of a line moves after it (the script sees the newline), and
+    single curly quotes not between two ASCII letters become " (later Moses keeps them '). The
+    expected lines are the release's own (data/task1/tok/*.lc.norm.tok.*), from which these
+    raw lines come; benchmarks/check_literature_tokenization.py compares all 96,042 lines of
+    train, val and test_2016_flickr in en, de and fr (none differ)."""
+    assert literature_prepare(
+        'Ein Mann hält ein Schild: "come on now... what\'s gayer than tea."', "de", True) == (
+        "ein mann hält ein schild : &quot; come on now ... what &apos; s gayer than tea "
+        "&quot; .")
+    assert literature_prepare("Une femme jette un coup d’œil dans un télescope.", "fr",
+                              True) == ("une femme jette un coup d &quot; œil dans un "
+                                        "télescope .")
+    assert literature_prepare("Das „hook ’em horns“-Zeichen.", "de", True) == (
+        "das &quot; hook &quot; em horns &quot; -zeichen .")
+    # between two ASCII letters it is an apostrophe; a period inside the line stays put
+    assert literature_prepare("It’s \"fine.\" Yes.", "de", True) == (
+        "it &apos; s &quot; fine &quot; . yes .")
+
+
+def test_pretokenized_files_are_scored_as_they_are(tmp_path):
+    """-m multi-bleu --pretokenized scores prepared text (the release's tokenized references, a
+    model's output on them) only lowercased: preparing it again escaped its escapes."""
+    prepared = [literature_prepare(x, "de", True) for x in REFS]
+    hyps = [literature_prepare(x, "de", True) for x in HYPS]
+    assert literature_prepare(prepared[0], "de", True) != prepared[0]      # &amp; quot ;
+    direct = literature_bleu(hyps, [prepared], "de", True, tokenize=False)
+    assert direct.score == pytest.approx(literature_bleu(HYPS, [REFS], "de", True).score)
+    hyp, ref = tmp_path / "hyp.tok", tmp_path / "ref.tok"
+    hyp.write_text("".join(x + "\n" for x in hyps), encoding="utf-8")
+    ref.write_text("".join(x + "\n" for x in prepared), encoding="utf-8")
+    p = subprocess.run([sys.executable, "-m", "nmt.cli.score", "--ref", str(ref), "--hyp",
+                        str(hyp), "-m", "multi-bleu", "--lang", "de", "--pretokenized",
+                        "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["signature"].startswith("tok:none|norm:none|case:mixed")
+    assert out["score_exact"] == pytest.approx(direct.score)
+
+
+@pytest.mark.parametrize("lang,message", [
+    ("FR", "--lang takes a lowercase ISO 639 language code, got 'FR' (did you mean --lang fr?)"),
+    ("fr_FR", "got 'fr_FR' (did you mean --lang fr?)"),
+    ("EN-DE", "not a pair (sacreBLEU's -l takes a pair): --lang de"),
+])
+def test_lang_is_a_lowercase_code(tmp_path, lang, message):
+    """Moses keys its rules by lowercase codes: --lang FR got generic rules without a word
+    (no French contraction splitting)."""
+    f = tmp_path / "x.fr"
+    f.write_text("L'homme.\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, "-m", "nmt.cli.score", "--ref", str(f), "--hyp",
+                        str(f), "-m", "multi-bleu", "--lang", lang], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1
+    p = subprocess.run([sys.executable, "-m", "nmt.cli.score", "--ref", str(f), "--hyp",
+                        str(f), "-m", "multi-bleu", "--lang", "xx"], capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and "--lang xx: Moses has no rules of its own" in p.stderr

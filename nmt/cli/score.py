@@ -80,7 +80,10 @@ class ScoreConfig:
               "require it, e.g. de for En-De) and sacreBLEU's target language.", short="-l",
         metavar="LANG")
     pretokenized: bool = option(
-        False, "tok-bleu: the files are Moses-tokenized already; only split compounds.")
+        False, "tok-bleu: the files are Moses-tokenized already; only split compounds. "
+               "multi-bleu: the files are prepared already (normalized, Moses-tokenized with "
+               "escaping, as the Multi30k release's *.lc.norm.tok.* files); only --lowercase "
+               "applies.")
     no_normalize_quotes: bool = option(
         False, "tok-bleu only: keep Unicode quotes as they are. By default tok-bleu maps "
                "„ “ ” ‟ « » 〝 〞 ＂ to \" and ‚ ‘ ’ ‛ ‹ › to ' in hypotheses and references "
@@ -118,6 +121,34 @@ class ScoreConfig:
                             names=(self.refs[0], self.hyp or "<stdin>"))
 
 
+def _check_lang(lang: str | None, names: list[str]) -> None:
+    """--lang: a lowercase ISO 639 code (Moses' rules are keyed by it; any other spelling
+    silently got generic rules), required by the Moses-tokenized metrics."""
+    moses = [m for m in ("tok-bleu", "multi-bleu") if m in names]
+    if lang is None:
+        if moses:
+            raise UsageError(f"--metric {moses[0]} needs --lang, the references' language "
+                             f"(e.g. --lang de): it picks the Moses tokenizer's rules")
+        return
+    pair = re.fullmatch(r"[a-z]{2,3}-([a-z]{2,3})", lang, flags=re.IGNORECASE)
+    if pair:
+        raise UsageError(f"--lang is the target language alone, not a pair (sacreBLEU's -l "
+                         f"takes a pair): --lang {pair.group(1).lower()}")
+    if not re.fullmatch(r"[a-z]{2,3}", lang):
+        code = re.split(r"[-_]", lang)[0].lower()
+        hint = f" (did you mean --lang {code}?)" if re.fullmatch(r"[a-z]{2,3}", code) else ""
+        raise UsageError(f"--lang takes a lowercase ISO 639 language code, got {lang!r}{hint}")
+    if moses and lang not in _moses_languages():
+        log.warning("--lang %s: Moses has no rules of its own for it (no nonbreaking "
+                    "prefixes); %s tokenizes with its generic rules", lang, moses[0])
+
+
+def _moses_languages() -> set[str]:
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return set(NonbreakingPrefixes().available_langs.values())
+
+
 @click.command(cls=Command, prog="nmt-score",
                context_settings={"help_option_names": ["-h", "--help"]})
 @config_options(ScoreConfig)
@@ -134,18 +165,12 @@ def main(verbose, quiet, **options):
     names = parse_metrics(cfg.metrics)
     params = cfg.evalb()
     opts = cfg.score_options(params)
-    for needs_lang in ("tok-bleu", "multi-bleu"):
-        if needs_lang in names and cfg.lang is None:
-            raise UsageError(f"--metric {needs_lang} needs --lang, the references' language "
-                             f"(e.g. --lang de): it picks the Moses tokenizer's rules")
+    _check_lang(cfg.lang, names)
     if cfg.evalb_report and names != ["bracket-f1"]:
         raise UsageError("--evalb-report goes with --metric bracket-f1 alone")
     if cfg.evalb_report and (cfg.as_json or cfg.sentence):
         raise UsageError(f"--evalb-report prints EVALB's text report, which has its sentence "
                          f"table already; leave out {'--json' if cfg.as_json else '--sentence'}")
-    if cfg.lang is not None and re.fullmatch(r"[a-z]{2,3}-([a-z]{2,3})", cfg.lang):
-        raise UsageError(f"--lang is the target language alone, not a pair (sacreBLEU's -l "
-                         f"takes a pair): --lang {cfg.lang.split('-')[1]}")
     ref_lines = [_read(r, "reference") for r in refs]
     hyps = _read(hyp, "hypothesis")
     for r, lines in zip(refs, ref_lines):

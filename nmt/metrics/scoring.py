@@ -34,7 +34,7 @@ class ScoreOptions:
     lang: str | None = None            # target language (Moses tokenizer; sacreBLEU trg_lang)
     chrf_word_order: int = 0           # 2 gives chrF++
     width: int = 1                     # decimals in sacreBLEU's text line (its -w)
-    pretokenized: bool = False         # tok-bleu: input already Moses-tokenized
+    pretokenized: bool = False         # tok-bleu, multi-bleu: input already Moses-tokenized
     normalize_quotes: bool = True      # tok-bleu: Unicode quotes to ASCII on both sides
     evalb: evalb_mod.EvalbParams = field(default_factory=evalb_mod.EvalbParams.collins)
     evalb_name: str = "COLLINS"
@@ -144,8 +144,10 @@ def corpus_score(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[str]]
         return MetricScore(metric, "tok-BLEU", r.score, sig, f"tok-BLEU|{sig} = {r.format()}",
                            details)
     if metric == "multi-bleu":
-        r = tok_bleu_mod.literature_bleu(hyps, refs, opts.lang or "en", opts.lowercase)
-        sig = tok_bleu_mod.literature_signature(opts.lang or "en", opts.lowercase)
+        tokenize = not opts.pretokenized
+        r = tok_bleu_mod.literature_bleu(hyps, refs, opts.lang or "en", opts.lowercase,
+                                         tokenize)
+        sig = tok_bleu_mod.literature_signature(opts.lang or "en", opts.lowercase, tokenize)
         details = {"precisions": r.precisions, "bp": r.bp, "ratio": r.ratio,
                    "hyp_len": r.hyp_len, "ref_len": r.ref_len}
         return MetricScore(metric, "multi-BLEU", r.score, sig,
@@ -185,7 +187,8 @@ def sentence_scores(metric: str, hyps: Sequence[str], refs: Sequence[Sequence[st
                 for h, *rs in zip(hyps, *refs)]
     if metric == "multi-bleu":
         lang = opts.lang or "en"
-        return [tok_bleu_mod.literature_bleu([h], [[r] for r in rs], lang, opts.lowercase).score
+        return [tok_bleu_mod.literature_bleu([h], [[r] for r in rs], lang, opts.lowercase,
+                                             not opts.pretokenized).score
                 for h, *rs in zip(hyps, *refs)]
     res = evalb_mod.evaluate(refs[0], hyps, opts.evalb, opts.retag, opts.names)
     # NaN for the sentences the corpus F1 leaves out (errors and skips), as EVALB gives none

@@ -153,31 +153,51 @@ def tok_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str = "en
     return multi_bleu(h, r, lowercase)
 
 
+# normalize-punctuation.perl as the Multi30k release ran it (the Moses snapshot 3a0631a its
+# repository ships) maps single curly quotes between two ASCII letters to ' (it reads bytes:
+# "d’œil" has no ASCII letter after the quote) and every other one to ", where sacremoses
+# (as Moses since 2019) keeps them single quotes.
+_LETTER_QUOTE = re.compile(r"([A-Za-z])[‘’]([A-Za-z])")
+_SINGLE_QUOTES = str.maketrans({"‘": '"', "‚": '"', "’": '"'})
+
+
 def literature_prepare(line: str, lang: str, lowercase: bool) -> str:
     """One line as the Multi30k literature scores it (the dataset's ``task1-tokenize.sh``):
-    ``lowercase.perl`` (when ``lowercase``), ``normalize-punctuation.perl -l LANG``, then
-    ``tokenizer.perl -l LANG`` (escaping on, no ``-a``); no compound splitting."""
+    ``lowercase.perl`` (when ``lowercase``), ``normalize-punctuation.perl -l LANG`` of the
+    Moses snapshot the release used, then ``tokenizer.perl -l LANG`` (escaping on, no
+    ``-a``); no compound splitting. The normalizer sees the line with its newline, as the
+    Perl script does: its de/fr rule that moves a period after a closing quote needs a
+    character after the quote, and at the end of a line that character is the newline."""
     from nmt.data import moses
 
     if lowercase:
         line = line.lower()
-    return moses.tokenize(moses.punct_normalizer(lang).normalize(line), lang, escape=True)
+    line = _LETTER_QUOTE.sub(r"\1'\2", line).translate(_SINGLE_QUOTES)
+    normalized = moses.punct_normalizer(lang).normalize(line + "\n").rstrip("\n")
+    return moses.tokenize(normalized, lang, escape=True)
 
 
 def literature_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str,
-                    lowercase: bool) -> TokBleu:
+                    lowercase: bool, tokenize: bool = True) -> TokBleu:
     """multi-bleu.perl on hypotheses and references prepared by :func:`literature_prepare`:
     the protocol of the Multi30k papers (e.g. Wu et al. 2021), which score lowercased,
-    punctuation-normalized, Moses-tokenized text."""
-    h = [literature_prepare(x, lang, lowercase) for x in hyps]
-    r = [[literature_prepare(x, lang, lowercase) for x in ref] for ref in refs]
-    return multi_bleu(h, r)
+    punctuation-normalized, Moses-tokenized text. ``tokenize=False``: the text is prepared
+    already (e.g. the release's ``*.lc.norm.tok.*`` and a model's output on it); only
+    lowercased when ``lowercase``, as multi-bleu.perl -lc would (preparing it twice would
+    escape its escapes again: ``&quot;`` to ``&amp; quot ;``)."""
+    def prep(x: str) -> str:
+        if tokenize:
+            return literature_prepare(x, lang, lowercase)
+        return x.lower() if lowercase else x
+
+    return multi_bleu([prep(x) for x in hyps], [[prep(x) for x in ref] for ref in refs])
 
 
-def literature_signature(lang: str, lowercase: bool) -> str:
+def literature_signature(lang: str, lowercase: bool, tokenize: bool = True) -> str:
     import sacremoses
 
-    return (f"tok:moses-{lang}|norm:moses-punct|case:{'lc' if lowercase else 'mixed'}|"
+    tok = f"tok:moses-{lang}|norm:moses-punct" if tokenize else "tok:none|norm:none"
+    return (f"{tok}|case:{'lc' if lowercase else 'mixed'}|"
             f"smooth:none|version:sacremoses-{getattr(sacremoses, '__version__', '?')}")
 
 
