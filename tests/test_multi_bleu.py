@@ -131,7 +131,8 @@ def test_pretokenized_files_are_scored_as_they_are(tmp_path):
 @pytest.mark.parametrize("lang,message", [
     ("FR", "--lang takes a lowercase ISO 639 language code, got 'FR' (did you mean --lang fr?)"),
     ("fr_FR", "got 'fr_FR' (did you mean --lang fr?)"),
-    ("EN-DE", "not a pair (sacreBLEU's -l takes a pair): --lang de"),
+    ("en-US", "got 'en-US' (did you mean --lang en?)"),
+    ("pt-BR", "got 'pt-BR' (did you mean --lang pt?)"),
 ])
 def test_lang_is_a_lowercase_code(tmp_path, lang, message):
     """Moses keys its rules by lowercase codes: --lang FR got generic rules without a word

@@ -78,6 +78,10 @@ def test_patience_running_out_at_max_update_is_a_finished_run(tmp_path, monkeypa
     text = caplog.text
     assert "finished; " in text and "stopped early" not in text and "stopping:" not in text
     caplog.clear()
+    with caplog.at_level("INFO", logger="nmt.train"):      # the same command again
+        train(run_cfg(tmp_path, max_update=5, patience=3), FakeData(n_train=40), "fake")
+    assert "finished; " in caplog.text and "stopped early" not in caplog.text
+    caplog.clear()
     scripted_validation(monkeypatch, [5.0, 4.0, 4.5, 4.2, 4.1], key="loss")
     with caplog.at_level("INFO", logger="nmt.train"):
         train(run_cfg(tmp_path / "b", max_update=6, patience=3), FakeData(n_train=40), "fake")

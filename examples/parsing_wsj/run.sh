@@ -220,19 +220,22 @@ fi
 # size's checkpoint_last.pt and list its checkpoints in the ensemble; refused (dry runs too).
 if [ -n "$train_sentences" ]; then prep_opts+=(--train-sentences "$train_sentences"); fi
 size="${train_sentences:-all}"
-if [ -e "$work/.done/prepare" ]; then
+# The size file is written once a prepare succeeded and checked whenever it is there (a rerun
+# that redoes prepare removes its marker first; stopped then, the size file still holds).
+if [ -e "$work/.done/prepare" ] || [ -s "$work/.train-sentences" ]; then
   # (a folder prepared before this option existed has no size file: all sentences)
   made=all; [ -s "$work/.train-sentences" ] && made="$(cat "$work/.train-sentences")"
   if [ "$made" != "$size" ]; then
     echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
     exit 2
   fi
-elif [ "$dry_run" != 1 ]; then
-  echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
 fi
 
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).
 step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}" ${prep_opts[@]+"${prep_opts[@]}"}
+if [ "$dry_run" != 1 ] && [ ! -s "$work/.train-sentences" ]; then
+  echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
+fi
 
 # 2. Source: words, no subwords (tree constraints count source tokens as words): a 16k
 #    vocabulary, or for --sample the words seen at least twice. The target is the bracket

@@ -130,10 +130,10 @@ def _check_lang(lang: str | None, names: list[str]) -> None:
             raise UsageError(f"--metric {moses[0]} needs --lang, the references' language "
                              f"(e.g. --lang de): it picks the Moses tokenizer's rules")
         return
-    pair = re.fullmatch(r"[a-z]{2,3}-([a-z]{2,3})", lang, flags=re.IGNORECASE)
+    pair = re.fullmatch(r"[a-z]{2,3}-([a-z]{2,3})", lang)
     if pair:
         raise UsageError(f"--lang is the target language alone, not a pair (sacreBLEU's -l "
-                         f"takes a pair): --lang {pair.group(1).lower()}")
+                         f"takes a pair): --lang {pair.group(1)}")
     if not re.fullmatch(r"[a-z]{2,3}", lang):
         code = re.split(r"[-_]", lang)[0].lower()
         hint = f" (did you mean --lang {code}?)" if re.fullmatch(r"[a-z]{2,3}", code) else ""

@@ -144,7 +144,7 @@ class Run:
         # Resuming a run that already reached --max-update (or ran out of patience) trains
         # nothing more.
         done = bool(self.cfg.max_update and self.trainer.num_updates >= self.cfg.max_update)
-        if self.selection.out_of_patience(self.cfg.patience):
+        if not done and self.selection.out_of_patience(self.cfg.patience):
             done = self.stopped_early = True
         if done and self.is_main:
             report.already_done(self.trainer.num_updates, self.cfg.max_update)
