@@ -132,6 +132,16 @@ def is_regular_file(path: str | os.PathLike) -> bool:
         return False
 
 
+def file_key(path: str | os.PathLike) -> tuple[int, int] | None:
+    """The file's identity, what os.path.samefile compares (links followed); None for a path
+    that names no readable file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def read_lines(path: str | os.PathLike | None, name: str | None = None) -> list[str]:
     return list(iter_lines(path, name))
 

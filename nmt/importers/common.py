@@ -22,6 +22,7 @@ import torch
 
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
+from nmt.io import file_key
 from nmt.specials import SPECIALS
 
 # Logit bias of a special symbol nmt needs and the foreign model lacks (Marian has no <s>):
@@ -130,13 +131,13 @@ def check_output(out: str | os.PathLike, inputs: Sequence[str | os.PathLike | No
     if dest.exists() and dest.is_dir():
         raise NmtError(f"{dest}: is a directory; give the checkpoint file to write (-o model.pt)")
     entry = _entry(dest)                # the directory entry atomic_write replaces
+    key = file_key(dest)
     for given in filter(None, inputs):
-        if entry == _entry(Path(given)) or (dest.exists() and os.path.exists(given)
-                                             and os.path.samefile(dest, given)):
+        if entry == _entry(Path(given)) or (key is not None and key == file_key(given)):
             raise NmtError(f"{dest}: is {given}, an input of this import, which writing the "
                            f"checkpoint would replace; give another -o")
     for folder, patterns in (reads or {}).items():
-        if Path(folder).is_dir() and _read_from(dest, entry, Path(folder), patterns):
+        if Path(folder).is_dir() and _read_from(key, entry, Path(folder), patterns):
             raise NmtError(f"{dest}: is an input of this import (a file it reads from "
                            f"{folder}), which writing the checkpoint would replace; give "
                            f"another -o")
@@ -148,16 +149,16 @@ def _entry(path: Path) -> Path:
     return Path(os.path.realpath(path.parent)) / path.name
 
 
-def _read_from(dest: Path, entry: Path, folder: Path, patterns: Sequence[str]) -> bool:
-    """Whether writing ``dest`` (the directory entry ``entry``) replaces or adds a file of
-    ``folder`` that matches ``patterns``."""
-    here = Path(os.path.realpath(folder))
-    if entry.parent == here and any(fnmatch.fnmatchcase(entry.name, g) for g in patterns):
+def _read_from(key: tuple[int, int] | None, entry: Path, folder: Path,
+               patterns: Sequence[str]) -> bool:
+    """Whether writing the directory entry ``entry`` (an existing file's identity ``key``, or
+    None) replaces or adds a file of ``folder`` that matches ``patterns``."""
+    def read(name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, g) for g in patterns)
+
+    if entry.parent == Path(os.path.realpath(folder)) and read(entry.name):
         return True
-    if not dest.exists():
-        return False
-    return any(os.path.samefile(dest, f) for f in folder.iterdir()
-               if any(fnmatch.fnmatchcase(f.name, g) for g in patterns) and f.exists())
+    return key is not None and any(file_key(f) == key for f in folder.iterdir() if read(f.name))
 
 
 def named_errors(path: str | os.PathLike, build):

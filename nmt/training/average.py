@@ -16,6 +16,7 @@ import torch
 from nmt.checkpoint import inference_checkpoint, load_checkpoint, save_checkpoint
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
+from nmt.io import file_key
 
 log = logging.getLogger("nmt.train")
 
@@ -84,22 +85,12 @@ def _check_same_model(ckpt: dict, first: dict, path, first_path) -> None:
                            f"({diff}); only checkpoints of one model can be averaged")
 
 
-def _file_key(path: str | os.PathLike) -> tuple[int, int] | None:
-    """What os.path.samefile compares; None for a file that cannot be read (load_checkpoint
-    reports it)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
     """A file given twice would weigh double: checkpoint_last.pt and checkpoint_best.pt are hard
     links to numbered checkpoints, so a glob like checkpoint_*.pt repeats the newest one."""
     seen: dict[tuple[int, int], str | os.PathLike] = {}
     for path in paths:
-        key = _file_key(path)
+        key = file_key(path)
         if key is None:
             continue
         if key in seen:
@@ -110,8 +101,8 @@ def _refuse_same_file(paths: Sequence[str | os.PathLike]) -> None:
 
 
 def average_to_file(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
-    out_key = _file_key(output)
-    if out_key is not None and out_key in map(_file_key, paths):
+    out_key = file_key(output)
+    if out_key is not None and out_key in map(file_key, paths):
         raise NmtError(f"{output}: is one of the checkpoints to average, which writing the "
                        f"average would replace; give another --output")
     out = average_checkpoints(paths)

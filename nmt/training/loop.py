@@ -143,7 +143,7 @@ class Run:
         self.meter, self.saved_at, self.stopped_early = Meter(), None, False
         # Resuming a run that already reached --max-update (or ran out of patience) trains
         # nothing more.
-        done = bool(self.cfg.max_update and self.trainer.num_updates >= self.cfg.max_update)
+        done = self._at_max_update()
         if not done and self.selection.out_of_patience(self.cfg.patience):
             done = self.stopped_early = True
         if done and self.is_main:
@@ -205,10 +205,13 @@ class Run:
             report.best(self.jsonl, self.trainer.num_updates, self.selection.metric, value)
         return value, improved
 
+    def _at_max_update(self) -> bool:
+        return bool(self.cfg.max_update and self.trainer.num_updates >= self.cfg.max_update)
+
     def out_of_patience(self, value: float | None) -> bool:
         if value is None or not self.selection.out_of_patience(self.cfg.patience):
             return False
-        if self.cfg.max_update and self.trainer.num_updates >= self.cfg.max_update:
+        if self._at_max_update():
             return False     # the run ends here anyway: it finished, it did not stop early
         if self.is_main:
             log.info("stopping: %d validations in a row without a better %s (best %.4g at "
