@@ -391,19 +391,41 @@ SNIPPET_SCORES = {
 def python_snippet(info: dict) -> str:
     """translate.py: a Python program, in the exported directory, whose ``translate(lines)``
     does what nmt-generate does with the exported model (and ``python translate.py < in``
-    translates stdin)."""
+    translates stdin). Every value taken from the checkpoint enters the program as a Python
+    literal (``repr`` of a checked int, float or str), never as pasted source text."""
     dec = info["decoding"]
     imports, setup, to_pieces, from_pieces = _snippet_pipeline(info["source"], info["target"])
     text = _template("translate.py.tmpl", snippet_begin=SNIPPET_BEGIN, snippet_end=SNIPPET_END,
                      extra_imports="".join("\n" + line for line in imports),
-                     beam=dec["beam"], alpha=repr(dec["lenpen"]),
-                     max_len_a=repr(dec["max_len_a"]), max_len_b=dec["max_len_b"],
-                     min_len=dec.get("min_len", 0), max_source_len=dec["max_source_len"],
-                     max_output_len=dec["max_output_len"],
+                     beam=_int_literal(dec["beam"], "beam"),
+                     alpha=_float_literal(dec["lenpen"], "lenpen"),
+                     max_len_a=_float_literal(dec["max_len_a"], "max_len_a"),
+                     max_len_b=_int_literal(dec["max_len_b"], "max_len_b"),
+                     min_len=_int_literal(dec.get("min_len", 0), "min_len"),
+                     max_source_len=_int_literal(dec["max_source_len"], "max_source_len"),
+                     max_output_len=_int_literal(dec["max_output_len"], "max_output_len"),
                      setup="\n".join(setup), to_pieces="\n".join(to_pieces),
                      from_pieces="\n".join(from_pieces),
                      score=SNIPPET_SCORES[dec.get("lenpen_formula", "gnmt") == "gnmt"])
     return text[:-1] if text.endswith("\n") else text       # the README places it in its text
+
+
+def _int_literal(value: Any, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NmtError(f"the checkpoint's {what} is {value!r}, not an integer")
+    return repr(int(value))
+
+
+def _float_literal(value: Any, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise NmtError(f"the checkpoint's {what} is {value!r}, not a finite number")
+    return repr(value)
+
+
+def _str_literal(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise NmtError(f"the checkpoint's {what} is {value!r}, not a string")
+    return repr(value)
 
 
 def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
@@ -420,13 +442,14 @@ def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
     if src["subword"] == "wordpiece":          # (the target side needs no tokenizer)
         imports.append("from tokenizers import Tokenizer")
     if src["moses_lang"]:
-        setup.append(f'src_moses = MosesTokenizer(lang="{src["moses_lang"]}")')
+        setup.append("src_moses = MosesTokenizer(lang="
+                     f"{_str_literal(src['moses_lang'], 'source Moses language')})")
         to_pieces.append('    line = src_moses.tokenize(line, escape=False, '
                          'aggressive_dash_splits=False,\n'
                          '                              return_str=True)')
     if src["subword"] == "bpe":
-        setup.append(f'src_sp = spm.SentencePieceProcessor(model_file=f"{{MODEL_DIR}}/'
-                     f'{src["subword_file"]}")')
+        setup.append(f'src_sp = spm.SentencePieceProcessor(model_file=os.path.join(MODEL_DIR, '
+                     f'{_str_literal(src["subword_file"], "source subword file")}))')
         if src.get("marian"):       # MarianTokenizer: a leading >>xx<< code is one piece
             to_pieces.append('    code = []\n'
                              '    if line.startswith(">>") and "<<" in line:\n'
@@ -436,7 +459,8 @@ def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
         else:
             to_pieces.append("    return src_sp.encode(line, out_type=str)")
     elif src["subword"] == "wordpiece":
-        setup.append(f'src_wp = Tokenizer.from_file(f"{{MODEL_DIR}}/{src["subword_file"]}")')
+        setup.append(f'src_wp = Tokenizer.from_file(os.path.join(MODEL_DIR, '
+                     f'{_str_literal(src["subword_file"], "source subword file")}))')
         setup.append('src_wp.encode_special_tokens = True   # "</s>" in a text is text')
         to_pieces.append("    return src_wp.encode(line, add_special_tokens=False).tokens")
     else:
@@ -444,8 +468,8 @@ def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
                          '    return [t if t not in SPECIALS else "<unk>" for t in line.split()]')
         setup.append('SPECIALS = {"<pad>", "<s>", "</s>", "<unk>"}')
     if tgt["subword"] == "bpe":
-        setup.append(f'tgt_sp = spm.SentencePieceProcessor(model_file=f"{{MODEL_DIR}}/'
-                     f'{tgt["subword_file"]}")')
+        setup.append(f'tgt_sp = spm.SentencePieceProcessor(model_file=os.path.join(MODEL_DIR, '
+                     f'{_str_literal(tgt["subword_file"], "target subword file")}))')
         if tgt.get("marian"):       # MarianTokenizer: <unk> dropped, '\u2581' left as spaces
             from_pieces.append('    text = tgt_sp.decode([p for p in pieces if p != "<unk>"])'
                                '.replace("\\u2581", " ").strip()')
@@ -463,7 +487,8 @@ def _snippet_pipeline(src: dict, tgt: dict) -> tuple[list[str], ...]:
     else:
         from_pieces.append('    text = " ".join(pieces)')
     if tgt["moses_lang"]:
-        setup.append(f'tgt_moses = MosesDetokenizer(lang="{tgt["moses_lang"]}")')
+        setup.append("tgt_moses = MosesDetokenizer(lang="
+                     f"{_str_literal(tgt['moses_lang'], 'target Moses language')})")
         from_pieces.append("    return tgt_moses.detokenize(text.split(), unescape=False)")
     else:
         from_pieces.append("    return text")

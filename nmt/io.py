@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -10,9 +11,9 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, UsageError
 
 log = logging.getLogger("nmt.io")
 
@@ -140,6 +141,66 @@ def file_key(path: str | os.PathLike) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+# --- outputs: never an input, never a file nmt did not write ---------------------------------
+
+def written_record_path(path: str | os.PathLike) -> Path:
+    """The hidden record beside an output file that says nmt wrote it (``.NAME.nmt-written``)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.nmt-written")
+
+
+def mark_written(path: str | os.PathLike, identity: dict | None = None) -> None:
+    """Record that nmt has just written ``path`` in full (its size, modification time and
+    inode), with the run's identity when it has one (a rerun of it is then complete)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    record = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+              "identity": identity}
+    try:
+        write_text_atomic(written_record_path(path), json.dumps(record) + "\n")
+    except NmtError as e:        # the output itself is whole; only the record is missing
+        log.warning("%s", e)
+
+
+def written_record(path: str | os.PathLike) -> dict | None:
+    """The record of mark_written() if ``path`` is still the file nmt wrote then, else None."""
+    try:
+        st = os.stat(path)
+        record = json.loads(written_record_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or [record.get(k) for k in ("size", "mtime_ns", "inode")] \
+            != [st.st_size, st.st_mtime_ns, st.st_ino]:
+        return None
+    return record
+
+
+def check_output_file(path: str | os.PathLike | None, inputs: Sequence, overwrite: bool,
+                      flag: str = "--output", resuming: bool = False) -> None:
+    """Refuse an output file that is one of ``inputs`` (by identity: hard links, symbolic
+    links, ./x; --overwrite does not change that), or an existing non-empty regular file that
+    nmt did not write (no matching .NAME.nmt-written record) unless ``overwrite``; a run
+    that is ``resuming`` its own interrupted output was let through before. stdout ("-"),
+    FIFOs and devices are written through and never checked."""
+    if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path)):
+        return
+    out_real, out_key = os.path.realpath(path), file_key(path)
+    for given in inputs:
+        if given in (None, "-"):
+            continue
+        if os.path.realpath(given) == out_real or (out_key is not None
+                                                  and file_key(given) == out_key):
+            raise UsageError(f"{flag} {path} is the input {given}, which writing the output "
+                             f"would destroy; give another file")
+    if resuming or overwrite or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    if written_record(path) is None:
+        raise UsageError(f"{flag} {path}: exists and was not written by nmt; add --overwrite "
+                         f"to replace it, or give another file")
 
 
 def read_lines(path: str | os.PathLike | None, name: str | None = None) -> list[str]:

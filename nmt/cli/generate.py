@@ -9,12 +9,14 @@ module reads, writes and reports progress.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
 import sys
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import click
@@ -29,7 +31,7 @@ from nmt.cli.generate_modes import (build_translator, format_result, score_refer
 from nmt.cli.generate_shards import Shard, finish, rank_named, torchrun_shard
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError, UsageError
-from nmt.io import LineWriter, atomic_write, is_regular_file
+from nmt.io import LineWriter, atomic_write, check_output_file, is_regular_file, mark_written
 
 log = logging.getLogger("nmt.generate")
 
@@ -53,6 +55,7 @@ def open_output(path: str | None) -> Iterator[LineWriter]:
         return
     with atomic_write(path, "wb") as f:
         yield LineWriter.over(f, path)
+    mark_written(path)
 
 
 def is_stream(path: str) -> bool:
@@ -129,7 +132,9 @@ class _Progress:
                    "for the other ranks' shards (OUT.shard-R-of-W.*) and merges them into "
                    "OUT; it gives up when one has not finished a chunk in this many minutes.")
 @click.option("--overwrite", is_flag=True,
-              help="--output with an --input file: start afresh instead of resuming what an "
+              help="Replace an existing --output that nmt did not write (it is refused "
+                   "otherwise; an input never is), translate again an --output this command "
+                   "already completed, and start afresh instead of resuming what an "
                    "interrupted run left (OUTPUT.nmt-partial and OUTPUT.nmt-progress.json).")
 @runtime_options
 @handle_errors("nmt-generate")
@@ -181,7 +186,12 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
         if workers > 1 and (split is not None or cfg.score_reference):
             raise UsageError("--workers translates --input or stdin, not a --split or "
                              "--score-reference")
+        _check_output_target(cfg, paths, overwrite)
         resumable = _resumable(cfg, split, paths, device, precision, overwrite, shard)
+        if resumable is ALREADY_COMPLETE:
+            log.info("%s is already complete: this command wrote it with the same checkpoints, "
+                     "input and options (--overwrite translates again)", cfg.output_path)
+            return
         with resumable.lock if resumable is not None else nullcontext():
             if shard is not None and resumable.complete:
                 translator = pool = None        # restarted with its share done: do not load
@@ -273,6 +283,20 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
     return paths, sources, split
 
 
+def _check_output_target(cfg: GenerateConfig, paths: Sequence[str], overwrite: bool) -> None:
+    """--output is never one of the run's inputs, nor a file nmt did not write (unless
+    --overwrite); what an interrupted run of it left is resumed, as before."""
+    from nmt.cli.generate_shards import leftovers
+
+    if cfg.output_path in (None, "-"):
+        return
+    check_output_file(cfg.output_path, [*paths, cfg.input_path, cfg.reference], overwrite,
+                      resuming=bool(leftovers(Path(cfg.output_path))))
+
+
+ALREADY_COMPLETE = object()     # _resumable(): --output holds this very run's finished output
+
+
 def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str],
                device: str, precision: str, overwrite: bool, shard: Shard | None = None):
     """The resumable output (nmt.cli.generate_resume) of a run that can have one: --output
@@ -300,8 +324,14 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
         if shard is None:
             check_other_runs(cfg.output_path, 1, overwrite, remove=True)
             out = ResumableOutput(cfg.output_path, identity, overwrite)
+            if out.lines_done == 0 and not overwrite and _finished_before(cfg, identity):
+                lock.close()
+                return ALREADY_COMPLETE
         else:
             overwrite = overwrite and first_attempt()       # a restarted rank resumes
+            if not overwrite and _finished_before(cfg, identity):
+                lock.close()
+                return ALREADY_COMPLETE
             check_other_runs(cfg.output_path, shard.world, overwrite, remove=shard.rank == 0)
             out = ShardOutput(cfg.output_path, identity, shard, overwrite)
     except BaseException:
@@ -309,6 +339,15 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
         raise
     out.lock = lock
     return out
+
+
+def _finished_before(cfg: GenerateConfig, identity: dict) -> bool:
+    from nmt.cli.generate_shards import leftovers
+    from nmt.io import written_record
+
+    record = written_record(cfg.output_path)
+    return (record is not None and record.get("identity") == json.loads(json.dumps(identity))
+            and not leftovers(Path(cfg.output_path)))
 
 
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from nmt.cli.generate_config import GenerateConfig
 from nmt.errors import NmtError
-from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir
+from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir, mark_written
 from nmt.lock import WriterLock
 from nmt.options import flag_name
 
@@ -249,6 +249,7 @@ class ResumableOutput:
                 self.installed = True
                 fsync_dir(self.path.parent)
                 self.journal.unlink(missing_ok=True)
+                mark_written(self.path, self.identity)
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
 

@@ -209,7 +209,7 @@ class ShardOutput(ResumableOutput):
 
 # --- what earlier runs left -------------------------------------------------------------------
 
-def _leftovers(output: Path) -> dict[int, list[Path]]:
+def leftovers(output: Path) -> dict[int, list[Path]]:
     """Journals and partial files of earlier runs writing ``output``, by world size (1: a
     one-process run's)."""
     found: dict[int, list[Path]] = {}
@@ -232,7 +232,7 @@ def check_other_runs(output: str | os.PathLike, world: int, overwrite: bool,
     counting as 1) left its journals beside ``output``; with ``overwrite``, delete them if
     ``remove`` (rank 0 or the one process: one deleter, no race)."""
     output = Path(output)
-    others = {w: files for w, files in _leftovers(output).items() if w != world}
+    others = {w: files for w, files in leftovers(output).items() if w != world}
     if overwrite:
         if remove:
             for files in others.values():
@@ -312,7 +312,7 @@ def merge_shards(out: ShardOutput, states: dict[int, dict], cfg: GenerateConfig)
     """Write --output FILE from the shards, each chunk's lines from its shard in turn (a
     temporary renamed into place), then remove the shards; the input's line count."""
     from nmt.cli.generate_modes import lines_per_result
-    from nmt.io import atomic_write, fsync_dir, write_all
+    from nmt.io import atomic_write, fsync_dir, mark_written, write_all
 
     world, size = out.shard.world, out.shard.chunk_lines
     per_line = lines_per_result(cfg.output_format, cfg.nbest)
@@ -336,6 +336,7 @@ def merge_shards(out: ShardOutput, states: dict[int, dict], cfg: GenerateConfig)
     finally:
         for fh in files:
             fh.close()
+    mark_written(out.output, {k: v for k, v in out.identity.items() if k != "shard"})
     for p in paths:                     # journals first: a kill here leaves nothing resumable
         p.with_name(p.name + JOURNAL).unlink(missing_ok=True)
     for p in partials:

@@ -6,6 +6,7 @@ A codec is rebuilt from ``to_state()`` alone (plain Python types), so checkpoint
 
 from __future__ import annotations
 
+import re
 from itertools import chain
 from typing import Iterable, Sequence
 
@@ -29,6 +30,10 @@ class TextCodec:
         if subword.kind != "none" and len(self.dictionary) != len(subword.dictionary()):
             raise NmtError(f"dictionary has {len(self.dictionary)} symbols but the "
                            f"{subword.kind} model has {len(subword.dictionary())}")
+        if moses_lang is not None and not (isinstance(moses_lang, str)
+                                           and MOSES_LANG.fullmatch(moses_lang)):
+            raise NmtError(f"invalid Moses language {moses_lang!r} in a text codec (expected a "
+                           f"language code such as 'en' or 'pt-br')")
         self.moses_lang = moses_lang
         # None: nmt's own Moses settings; imported models carry their toolkit's (MOSES_KEYS).
         self.moses_options = None if moses_options is None else _moses_options(moses_options)
@@ -155,6 +160,10 @@ class TextCodec:
             and self.dictionary == other.dictionary and self.moses_lang == other.moses_lang
             and self.moses_options == other.moses_options)
 
+
+# A language code as Moses and the file names of nmt-preprocess take it: letters, digits, '-',
+# '_' (anything else in a checkpoint is tampering, and would reach exported code and READMEs).
+MOSES_LANG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
 # Moses settings a codec may carry (all three False is nmt's own way).
 MOSES_KEYS = ("escape", "aggressive_dash_splits", "unescape")
