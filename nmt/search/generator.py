@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from nmt.errors import UsageError
+from nmt.search import greedy
 from nmt.search.beam import beam_candidates, diverse_candidates, split_candidates
 from nmt.search.config import MAX_LEN_B_MAX, SearchConfig  # noqa: F401 (SearchConfig re-exported)
 from nmt.search.controls import DecodingControls, combine
@@ -88,13 +89,11 @@ def max_lengths(src_lengths: Tensor, cfg: SearchConfig, max_positions: int | Non
 @torch.inference_mode()
 def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
                 constraints=None) -> list[list[Hypothesis]]:
-    """Translate a batch: src_tokens [B, S] (right-padded, each row ending in eos).
-
-    ``model`` is an nmt.search.ensemble.EnsembleModel (or anything with its encode /
-    init_state / step / max_positions); ``cfg`` is resolved (``SearchConfig.resolve``).
-    Returns, per sentence, its ``cfg.nbest`` best hypotheses, best first (ties: the one found
-    first). ``constraints``: see the module doc.
-    """
+    """Translate a batch: src_tokens [B, S] (right-padded, each row ending in eos). ``model``
+    is an nmt.search.ensemble.EnsembleModel (or anything with its encode / init_state / step /
+    max_positions); ``cfg`` is resolved (``SearchConfig.resolve``). Returns, per sentence, its
+    ``cfg.nbest`` best hypotheses, best first (ties: the one found first). ``constraints``:
+    see the module doc."""
     if unset := [k for k in cfg.unset if k not in MAY_BE_UNSET]:
         raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(unset)} "
                          f"unset): use cfg.resolve(model_config)")
@@ -103,10 +102,12 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     alpha, formula = cfg.lenpen, cfg.formula
     src_lengths = src_tokens.ne(PAD).sum(1) - 1                     # [B] without eos
     max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
+    if greedy.applies(cfg, constraints):        # beam 1 stopping at the first eos
+        return [[Hypothesis(*h) for h in hyps]
+                for hyps in greedy.greedy_search(model, src_tokens, cfg, max_len)]
     n_steps = int(max_len.max()) + 1
 
-    # Every beam of a sentence starts from the same bos: the first step decodes one row per
-    # sentence, then ``expand`` gives each sentence its k rows.
+    # All beams start from bos: step 0 decodes a row per sentence, ``expand`` gives it k rows.
     state = model.init_state(model.encode(src_tokens), group=1)
     constraints = combine(DecodingControls.from_search(cfg), constraints)
     cstate = None if constraints is None else constraints.start(src_tokens, k, max_len)

@@ -1,0 +1,110 @@
+"""Greedy decoding: the most probable next token of every row, until its eos.
+
+Beam search with beam 1 decodes the same thing (it stops a sentence at its first eos, the
+fairseq rule), through machinery that greedy decoding does not need: a top-2 per row and a
+stable sort, the finished/live split, a reorder of the whole cache by the identity
+permutation every step and index_selects of the token history. :func:`greedy_search` is that
+search without them, and gives the very same hypotheses (tokens, token log-probabilities
+and length-normalized scores, bit for bit), because it does the same arithmetic on the same
+rows: the same float32 softmax of each row's logits, the first maximal probability (the
+smallest token id among ties, as beam search's stable top-k), the same float32 sums of
+log-probabilities and the same length penalty. Finished sentences leave the batch at the step
+they finish, exactly as in beam search, so every decoder step sees the same rows.
+
+It applies where beam search with beam 1 would stop at the first eos: one hypothesis, no
+constraints or decoding controls, no diverse groups, and a length penalty other than
+transformers' ("hf" may go on past a finished hypothesis). :func:`applies` says which.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nmt.search.controls import DecodingControls
+from nmt.search.length_penalty import length_penalty
+from nmt.specials import BOS, EOS, PAD
+
+
+def applies(cfg, constraints=None) -> bool:
+    """Whether greedy_search decodes what beam_search would with this resolved config."""
+    return (cfg.beam == 1 and cfg.nbest == 1 and constraints is None
+            and cfg.diverse_beam_groups == 1 and cfg.formula != "hf"
+            and DecodingControls.from_search(cfg) is None)
+
+
+@torch.inference_mode()
+def greedy_search(model, src_tokens: Tensor, cfg, max_len: Tensor) -> list[list[tuple]]:
+    """Translate src_tokens [B, S] greedily with ``model`` (nmt.search.ensemble.EnsembleModel);
+    ``max_len`` [B]: the most tokens before eos (nmt.search.generator.max_lengths). Returns
+    per sentence a list of one hypothesis (tokens, score, token log-probabilities), or none
+    when every token had probability 0, as beam_search does with beam 1."""
+    device = src_tokens.device
+    bsz = src_tokens.size(0)
+    n_steps = int(max_len.max()) + 1
+    state = model.init_state(model.encode(src_tokens), group=1)
+    sent = torch.arange(bsz, device=device)                          # [N] index in the batch
+    tokens = torch.full((bsz, n_steps + 1), PAD, dtype=torch.long, device=device)
+    tokens[:, 0] = model.start_token
+    tok_scores = torch.zeros(bsz, n_steps, device=device)
+    scores = torch.zeros(bsz, 1, device=device)                      # [N, 1] log P(prefix)
+    out: list[list] = [[] for _ in range(bsz)]
+    penalty = (cfg.lenpen, cfg.formula)
+
+    for step in range(n_steps):
+        probs, state = model.step(tokens[:, step:step + 1], state)  # [N, V] float32
+        probs[:, PAD] = 0.0
+        probs[:, BOS] = 0.0
+        at_max = max_len.eq(step)
+        if bool(at_max.any()):
+            # Only eos at the length limit, with the model's own probability (floored).
+            eos_p = probs[at_max, EOS].clamp(min=1e-30)
+            probs[at_max] = 0.0
+            probs[at_max, EOS] = eos_p
+        best, lp, scores = _choose(probs, scores)
+        tokens[:, step + 1] = best[:, 0]
+        tok_scores[:, step] = lp[:, 0]
+        ended = best[:, 0].eq(EOS) | ~torch.isfinite(scores[:, 0])   # eos, or probability 0
+        if not bool(ended.any()):
+            continue
+        fin = (best[:, 0].eq(EOS) & torch.isfinite(scores[:, 0])).nonzero().squeeze(1)
+        if fin.numel():
+            norm = scores[fin, 0] / length_penalty(step + 1, *penalty)
+            for i, s, toks, ts in zip(sent[fin].tolist(), norm.tolist(),
+                                      tokens[fin, 1:step + 2].tolist(),
+                                      tok_scores[fin, :step + 1].tolist()):
+                out[i] = [(toks, s, ts)]
+        if bool(ended.all()):
+            break
+        keep = (~ended).nonzero().squeeze(1)
+        sent, max_len, scores = sent[keep], max_len[keep], scores[keep]
+        tokens, tok_scores = tokens[keep], tok_scores[keep]
+        state = state.select_sentences(keep)
+    return out
+
+
+def _choose(probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(token [N, 1], its log-probability [N, 1], new scores [N, 1]) as beam search with beam
+    1 chooses: among its two most probable tokens (ties: the smaller id), the one with the
+    higher score + log p, the smaller id where the float32 sums are equal (two probabilities
+    1 ulp apart can give the same sum). The first maximum otherwise."""
+    best = probs.argmax(dim=1, keepdim=True)                         # [N, 1] first maximum
+    top = probs.gather(1, best)
+    total = scores + top.log()
+    if probs.size(1) > 1:
+        second = probs.topk(2, dim=1).values[:, 1:]                  # [N, 1]
+        total2 = scores + second.log()
+        close = (total2 == total) & (second < top)
+        if bool(close.any()):
+            rows = close.nonzero()[:, 0]
+            pos = torch.arange(probs.size(1), device=probs.device)
+            first2 = torch.where(probs[rows] == second[rows], pos, probs.size(1)).amin(dim=1)
+            swap = first2 < best[rows, 0]
+            best, top, total = best.clone(), top.clone(), total.clone()
+            best[rows[swap], 0] = first2[swap]
+            top[rows[swap]] = second[rows[swap]]
+            total[rows[swap]] = total2[rows[swap]]
+    return best, top.log(), total
+
+
+__all__ = ["applies", "greedy_search"]

@@ -1,0 +1,83 @@
+"""Greedy decoding (nmt.search.greedy) gives what beam search with beam 1 gives, bit for bit:
+the same tokens, token log-probabilities and scores, with float32 and bf16 weights, ensembles,
+the length limit forcing eos, and rows that finish at different steps."""
+
+import pytest
+import torch
+
+import nmt.search.greedy as greedy
+from nmt.search.beam import beam_candidates, split_candidates
+from nmt.search.config import BatchConfig, SearchConfig
+from nmt.search.translator import Translator
+
+from test_translator import make_checkpoint, mixed_lines
+
+
+def results(paths, monkeypatch, use_greedy, precision, **search):
+    monkeypatch.setattr(greedy, "applies",
+                        (lambda cfg, c=None: APPLIES(cfg, c)) if use_greedy else
+                        (lambda cfg, c=None: False))
+    t = Translator.from_checkpoint(paths, search=SearchConfig(beam=1, **search),
+                                   batch=BatchConfig(batch_size=16), precision=precision)
+    return [[(h.ids, h.token_scores, h.score) for h in r.hypotheses]
+            for r in t.translate_results(LINES)]
+
+
+APPLIES = greedy.applies
+LINES = mixed_lines(120, seed=11)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("greedy")
+    return [str(make_checkpoint(d / f"m{s}.pt", seed=s)) for s in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("search", [{}, {"max_len_a": 0.0, "max_len_b": 3},
+                                    {"lenpen": 1.0, "lenpen_formula": "fairseq"}])
+def test_greedy_equals_beam_one(ckpts, monkeypatch, precision, search):
+    for paths in ([ckpts[0]], [ckpts[1]], ckpts[1:]):
+        want = results(paths, monkeypatch, False, precision, **search)
+        got = results(paths, monkeypatch, True, precision, **search)
+        assert got == want
+        assert sum(len(h) for h in got) > 0
+
+
+def test_it_is_the_path_taken(ckpts, monkeypatch):
+    called = []
+    real = greedy.greedy_search
+    monkeypatch.setattr(greedy, "greedy_search", lambda *a: called.append(1) or real(*a))
+    t = Translator.from_checkpoint(ckpts[0], search=SearchConfig(beam=1))
+    t.translate(LINES[:5])
+    assert called
+    called.clear()
+    Translator.from_checkpoint(ckpts[0], search=SearchConfig(beam=2)).translate(LINES[:5])
+    Translator.from_checkpoint(ckpts[0], search=SearchConfig(beam=1, min_len=2)).translate(
+        LINES[:5])
+    Translator.from_checkpoint(ckpts[0], search=SearchConfig(
+        beam=1, lenpen_formula="hf")).translate(LINES[:5])
+    assert not called
+
+
+def test_a_near_tie_goes_to_the_smaller_id_as_in_beam_search():
+    """Two probabilities 1 ulp apart whose float32 sums with the prefix score are equal:
+    beam search's candidates tie, and the smaller token id wins there; so it does here."""
+    p_big = torch.tensor(0.3, dtype=torch.float32)
+    p_small = torch.nextafter(p_big, torch.tensor(0.0))
+    score = torch.tensor([[-40.0]])
+    assert score + p_big.log() == score + p_small.log()   # the sums tie
+    probs = torch.zeros(1, 8)
+    probs[0, 6], probs[0, 5] = p_big, p_small
+    best, lp, total = greedy._choose(probs, score)
+    assert best.item() == 5 == beam_choice(probs, score)
+    assert lp.item() == p_small.log().item()
+    probs[0, 5], probs[0, 6] = p_big, p_small              # the larger one has the smaller id
+    best, _, _ = greedy._choose(probs, score)
+    assert best.item() == 5 == beam_choice(probs, score)
+
+
+def beam_choice(probs, score):
+    cand_scores, _, cand_tokens, _ = beam_candidates(probs.view(1, 1, -1), score, 2)
+    _, pos, _ = split_candidates(cand_scores, cand_tokens, 2, 1)
+    return cand_tokens.gather(1, pos).item()
