@@ -60,9 +60,10 @@ def test_it_is_the_path_taken(ckpts, monkeypatch):
     assert not called
 
 
-def test_a_near_tie_goes_to_the_smaller_id_as_in_beam_search():
-    """Two probabilities 1 ulp apart whose float32 sums with the prefix score are equal:
-    beam search's candidates tie, and the smaller token id wins there; so it does here."""
+def test_a_near_tie_goes_to_the_more_probable_token():
+    """Two probabilities 1 ulp apart whose float32 sums with the prefix score are equal: beam
+    search ranks them as tied and takes the smaller id; greedy takes the more probable token
+    (the one difference from beam 1, stated in nmt.search.greedy)."""
     p_big = torch.tensor(0.3, dtype=torch.float32)
     p_small = torch.nextafter(p_big, torch.tensor(0.0))
     score = torch.tensor([[-40.0]])
@@ -70,9 +71,9 @@ def test_a_near_tie_goes_to_the_smaller_id_as_in_beam_search():
     probs = torch.zeros(1, 8)
     probs[0, 6], probs[0, 5] = p_big, p_small
     best, lp, total = greedy._choose(probs, score)
-    assert best.item() == 5 == beam_choice(probs, score)
-    assert lp.item() == p_small.log().item()
-    probs[0, 5], probs[0, 6] = p_big, p_small              # the larger one has the smaller id
+    assert best.item() == 6 and lp.item() == p_big.log().item()
+    assert beam_choice(probs, score) == 5
+    probs[0, 5] = p_big                                    # an exact tie: the smaller id
     best, _, _ = greedy._choose(probs, score)
     assert best.item() == 5 == beam_choice(probs, score)
 

@@ -80,9 +80,11 @@ class GenerateConfig:
         "the same token.")
     # --- batching (BatchConfig) ---
     batch_size: int | None = option(
-        BatchConfig.batch_size, "Sentences per batch [default: 64 unless --max-tokens is given].")
+        BatchConfig.batch_size, "Sentences per batch [default: no limit; the batch is sized "
+                                "by --max-tokens].")
     max_tokens: int | None = option(BatchConfig.max_tokens,
-                                    "Source tokens (padding included) per batch.")
+                                    "Source tokens (padding included) per batch [default: "
+                                    "8192 // beam when --batch-size is not given either].")
     max_source_len: int = option(
         BatchConfig.max_source_len, "Longer sources (in subwords) are truncated with a warning "
                                     "naming the line (also capped by the model's learned "

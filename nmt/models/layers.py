@@ -203,11 +203,14 @@ class MultiHeadAttention(nn.Module):
             # [B*g, H, Lq, dk] -> [B, H, g*Lq, dk]
             q = q.view(n // group, group, h, lq, self.d_k).transpose(1, 2).reshape(
                 n // group, h, group * lq, self.d_k)
-        p = self.dropout if self.training else 0.0
-        if q.is_cuda:
-            avoid_cudnn_attention()
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                             is_causal=causal)
+        if lq == 1 and not self.training and not q.is_cuda:
+            out = single_query_attention(q, k, v, mask)
+        else:
+            p = self.dropout if self.training else 0.0
+            if q.is_cuda:
+                avoid_cudnn_attention()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 is_causal=causal)
         if group > 1:
             # [B, H, g*Lq, dv] -> [B*g, H, Lq, dv]
             out = out.view(n // group, h, group, lq, self.d_v).transpose(1, 2).reshape(
@@ -215,6 +218,18 @@ class MultiHeadAttention(nn.Module):
         # [N, H, Lq, dv] -> [N, Lq, H*dv]
         out = out.transpose(1, 2).reshape(n, lq, h * self.d_v)
         return self.out_proj(out)
+
+
+def single_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(dk)) v for incremental decoding on a CPU: one query per decoder row
+    (a few per sentence when beams share its keys), as two batched matrix products and a
+    float32 softmax. SDPA's CPU kernel (flash attention) costs 2-3 times as much for these
+    shapes: it is built for long queries. q [N, H, g, dk], k [N, H, L, dk], v [N, H, L, dv],
+    mask broadcastable to [N, H, g, L] (True = attend)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.size(-1) ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype), v)
 
 
 # ModelConfig.activation -> function. "gelu" is the exact (erf) GELU, as fairseq's and

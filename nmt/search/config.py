@@ -121,15 +121,20 @@ class SearchConfig:
 PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b", "min_len")
 
 
-DEFAULT_BATCH_SIZE = 64
+# The default batch: source tokens (padding included) x beam. 8192 // 4 = 2048 source tokens
+# at beam 4, about 140 Multi30k sentences (560 decoder rows); 8192 at beam 1.
+DEFAULT_SEARCH_TOKENS = 8192
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     """How sources are batched: at most ``batch_size`` sentences and/or ``max_tokens`` source
-    tokens (padding included) per batch, ``DEFAULT_BATCH_SIZE`` sentences when neither is set;
-    sources longer than ``max_source_len`` subwords are truncated (the model's learned positions
-    may lower that limit). The batching never changes the translations."""
+    tokens (padding included) per batch; when neither is set, ``DEFAULT_SEARCH_TOKENS`` // beam
+    source tokens (``limits``), so that a batch holds about as many decoder rows whatever the
+    beam: enough to keep the per-step cost of small models low, few enough to bound the memory
+    of big ones. Sources longer than ``max_source_len`` subwords are truncated (the model's
+    learned positions may lower that limit). The batching never changes the translations
+    (but with --precision int8, whose activation scales are per batch)."""
 
     batch_size: int | None = None
     max_tokens: int | None = None
@@ -143,12 +148,12 @@ class BatchConfig:
         if self.max_source_len < 1:
             raise UsageError(f"max source length must be >= 1, got {self.max_source_len}")
 
-    @property
-    def sentences(self) -> int | None:
-        """The sentence limit in force (None: only ``max_tokens``)."""
+    def limits(self, beam: int) -> tuple[int | None, int | None]:
+        """(sentences, source tokens) per batch in force for a search with ``beam`` rows per
+        sentence; None: no limit of that kind."""
         if self.batch_size is None and self.max_tokens is None:
-            return DEFAULT_BATCH_SIZE
-        return self.batch_size
+            return None, max(DEFAULT_SEARCH_TOKENS // max(beam, 1), 256)
+        return self.batch_size, self.max_tokens
 
 
 @dataclass(frozen=True)
@@ -167,4 +172,4 @@ class SamplingConfig:
             raise UsageError(f"--temperature must be > 0, got {self.temperature}")
 
 
-__all__ = ["SearchConfig", "BatchConfig", "SamplingConfig", "DEFAULT_BATCH_SIZE", "PRESET_FIELDS"]
+__all__ = ["SearchConfig", "BatchConfig", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS"]

@@ -311,10 +311,16 @@ def _checked(x, vocab: int, line: int, side: str) -> np.ndarray:
 
 def _batches(srcs: list[np.ndarray], tgts: list[np.ndarray], cfg: BatchConfig) -> list[list[int]]:
     """Pairs sorted by their longer side, longest first (ties: the longer source first), cut
-    into batches of at most ``cfg.sentences`` pairs and ``cfg.max_tokens`` padded tokens of the
-    longer side."""
+    into batches of at most ``cfg.batch_size`` pairs and ``cfg.max_tokens`` padded tokens of the
+    longer side; 64 pairs when neither is set (a batch's logits are pairs x target length x
+    vocabulary)."""
     width = [max(s.size, t.size) + 1 for s, t in zip(srcs, tgts)]     # + eos (or bos)
-    return longest_first(width, cfg.max_tokens, cfg.sentences, tie=[s.size for s in srcs])
+    sentences = (FORCED_BATCH_SIZE if cfg.batch_size is None and cfg.max_tokens is None
+                 else cfg.batch_size)
+    return longest_first(width, cfg.max_tokens, sentences, tie=[s.size for s in srcs])
+
+
+FORCED_BATCH_SIZE = 64
 
 
 def _collate(srcs, tgts, rows: list[int], device, start: int = BOS

@@ -8,7 +8,10 @@ search without them, and gives the very same hypotheses (tokens, token log-proba
 and length-normalized scores, bit for bit), because it does the same arithmetic on the same
 rows: the same float32 softmax of each row's logits, the first maximal probability (the
 smallest token id among ties, as beam search's stable top-k), the same float32 sums of
-log-probabilities and the same length penalty. Finished sentences leave the batch at the step
+log-probabilities and the same length penalty. One difference, by design: where two
+probabilities differ by so little that their float32 sums with the prefix's score are equal,
+beam search ranks the two candidates as tied and takes the smaller token id; greedy decoding
+takes the more probable token. Finished sentences leave the batch at the step
 they finish, exactly as in beam search, so every decoder step sees the same rows.
 
 It applies where beam search with beam 1 would stop at the first eos: one hypothesis, no
@@ -84,27 +87,11 @@ def greedy_search(model, src_tokens: Tensor, cfg, max_len: Tensor) -> list[list[
 
 
 def _choose(probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(token [N, 1], its log-probability [N, 1], new scores [N, 1]) as beam search with beam
-    1 chooses: among its two most probable tokens (ties: the smaller id), the one with the
-    higher score + log p, the smaller id where the float32 sums are equal (two probabilities
-    1 ulp apart can give the same sum). The first maximum otherwise."""
-    best = probs.argmax(dim=1, keepdim=True)                         # [N, 1] first maximum
-    top = probs.gather(1, best)
-    total = scores + top.log()
-    if probs.size(1) > 1:
-        second = probs.topk(2, dim=1).values[:, 1:]                  # [N, 1]
-        total2 = scores + second.log()
-        close = (total2 == total) & (second < top)
-        if bool(close.any()):
-            rows = close.nonzero()[:, 0]
-            pos = torch.arange(probs.size(1), device=probs.device)
-            first2 = torch.where(probs[rows] == second[rows], pos, probs.size(1)).amin(dim=1)
-            swap = first2 < best[rows, 0]
-            best, top, total = best.clone(), top.clone(), total.clone()
-            best[rows[swap], 0] = first2[swap]
-            top[rows[swap]] = second[rows[swap]]
-            total[rows[swap]] = total2[rows[swap]]
-    return best, top.log(), total
+    """(token [N, 1], its log-probability [N, 1], new scores [N, 1]): the most probable
+    token, the smallest id among equal probabilities."""
+    top, best = probs.max(dim=1, keepdim=True)
+    lp = top.log()
+    return best, lp, scores + lp
 
 
 __all__ = ["applies", "greedy_search"]

@@ -33,7 +33,7 @@ import torch
 from nmt.data.batching import longest_first
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
-from nmt.search.config import DEFAULT_BATCH_SIZE, BatchConfig, SamplingConfig, SearchConfig
+from nmt.search.config import DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
 from nmt.tasks.task import Task, get_task, infer_task
@@ -110,7 +110,7 @@ class Translator:
         self.ensemble = EnsembleModel(models)
         self.search = (search or SearchConfig()).resolve(getattr(models[0], "cfg", None))
         self.batch = batch or BatchConfig()
-        self.batch_size, self.max_tokens = self.batch.sentences, self.batch.max_tokens
+        self.batch_size, self.max_tokens = self.batch.limits(self.search.beam)
         self.device = resolve_device("cpu" if device is None else device)
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
         self.task = (get_task(task) if isinstance(task, str)
@@ -385,4 +385,4 @@ def load_split(checkpoint: Mapping[str, Any] | str | os.PathLike, split: str = "
 
 
 __all__ = ["Translator", "Translation", "TranslationHypothesis", "BatchConfig", "SearchConfig",
-           "DEFAULT_BATCH_SIZE", "load_split"]
+           "DEFAULT_SEARCH_TOKENS", "load_split"]
