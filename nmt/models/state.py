@@ -7,8 +7,9 @@ of sentence ``b``. Encoder-decoder keys/values are stored once per sentence and 
 
 The self-attention keys and values live in one preallocated, time-major buffer
 (:class:`SelfAttentionCache`): a step writes its new position in place instead of
-concatenating (a copy of the whole cache per layer per step), and a beam reordering is one
-``index_select`` of the filled prefix, for every layer at once, into a second buffer. A state
+concatenating (a copy of the whole cache per layer per step), and a beam reordering is an
+``index_select`` of the filled prefix (keys, then values), for every layer at once, into a
+second buffer. A state
 is therefore *consumed* by ``decode``, ``reorder``, ``select_sentences`` and ``expand``: they
 reuse its buffers, and using the old state afterwards raises an error instead of reading
 overwritten keys.
@@ -40,11 +41,14 @@ class EncoderOut:
 class SelfAttentionCache:
     """Keys and values of every decoder layer's self-attention for the positions decoded so far.
 
-    ``data`` [capacity, layers, rows, width_k + width_v] is time-major, so that the filled
-    positions ``data[:length]`` are one contiguous block: a reordering writes them with a single
-    ``index_select`` into the spare buffer, and a new position is written in place. Both buffers
-    are flat storages viewed with the current number of rows, so dropping rows leaves room for
-    more positions; the capacity doubles when a step needs more.
+    One flat storage, time-major: position p of layer l holds the keys of every row, then their
+    values (``rows * width_k`` then ``rows * width_v`` numbers). So the filled positions are
+    one contiguous block (a reordering writes it with one ``index_select`` per part into the
+    spare buffer; a new position is written in place), and a layer's keys [positions, rows,
+    heads * dk] have rows and heads in one uniform stride: attention reads them as a batch of
+    [positions, dk] matrices without copying them. Both buffers are flat storages viewed with
+    the current number of rows, so dropping rows leaves room for more positions; the capacity
+    doubles when a step needs more.
     """
 
     INITIAL_CAPACITY = 16
@@ -56,10 +60,15 @@ class SelfAttentionCache:
         self._store: Tensor | None = None      # flat; allocated at the first write
         self._spare: Tensor | None = None
 
-    def _view(self, store: Tensor, rows: int) -> Tensor:
+    def _parts(self, store: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+        """Views of ``store`` with ``rows`` rows: keys [capacity, layers, rows, width_k] and
+        values [capacity, layers, rows, width_v]."""
         per_position = self.layers * rows * self.width
         cap = store.numel() // per_position
-        return store[:cap * per_position].view(cap, self.layers, rows, self.width)
+        block = store[:cap * per_position].view(cap, self.layers, rows * self.width)
+        split = rows * self.width_k
+        return (block[..., :split].unflatten(-1, (rows, self.width_k)),
+                block[..., split:].unflatten(-1, (rows, self.width - self.width_k)))
 
     @property
     def capacity(self) -> int:
@@ -75,7 +84,8 @@ class SelfAttentionCache:
         cap = max(need, 2 * self.capacity, self.INITIAL_CAPACITY)
         store = like.new_empty(cap * self.layers * self.rows * self.width)
         if self._store is not None and self.length:
-            self._view(store, self.rows)[:self.length].copy_(self.data[:self.length])
+            for new, old in zip(self._parts(store, self.rows), self.parts):
+                new[:self.length].copy_(old[:self.length])
         self._store = store
 
     @property
@@ -84,9 +94,10 @@ class SelfAttentionCache:
         return None if self._store is None else self._store.device
 
     @property
-    def data(self) -> Tensor:
+    def parts(self) -> tuple[Tensor, Tensor]:
+        """Keys [capacity, layers, rows, width_k] and values [capacity, layers, rows, width_v]."""
         assert self._store is not None, "empty cache"
-        return self._view(self._store, self.rows)
+        return self._parts(self._store, self.rows)
 
     def write(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Store the keys|values ``kv`` [rows, t, width_k + width_v] of ``t`` new positions of
@@ -96,10 +107,11 @@ class SelfAttentionCache:
         t = kv.size(1)
         if layer == 0:
             self.reserve(t, like=kv)
-        data = self.data
-        data[self.length:self.length + t, layer].copy_(kv.transpose(0, 1))
-        full = data[:self.length + t, layer]
-        return full[..., :self.width_k], full[..., self.width_k:]
+        keys, values = self.parts
+        end = self.length + t
+        keys[self.length:end, layer].copy_(kv[..., :self.width_k].transpose(0, 1))
+        values[self.length:end, layer].copy_(kv[..., self.width_k:].transpose(0, 1))
+        return keys[:end, layer], values[:end, layer]
 
     def advance(self, t: int) -> None:
         self.length += t
@@ -113,12 +125,12 @@ class SelfAttentionCache:
             return
         if self._spare is None or self._spare.numel() < self.length * per_position:
             self._spare = self._store.new_empty(max(self.length, 1) * per_position)
-        out = self._view(self._spare, rows)[:self.length]
-        src = self.data[:self.length]
-        if src.requires_grad:           # decoding under autograd: out= is not differentiable
-            out.copy_(src.index_select(2, index))
-        else:
-            torch.index_select(src, 2, index, out=out)
+        for out, src in zip(self._parts(self._spare, rows), self.parts):
+            out, src = out[:self.length], src[:self.length]
+            if src.requires_grad:       # decoding under autograd: out= is not differentiable
+                out.copy_(src.index_select(2, index))
+            else:
+                torch.index_select(src, 2, index, out=out)
         self._store, self._spare, self.rows = self._spare, self._store, rows
 
 

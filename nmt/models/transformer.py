@@ -187,8 +187,10 @@ class Transformer(nn.Module):
         cross_k, cross_v = [], []
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.project_kv(enc.out)                # [B, H, S, dk/dv]
-            cross_k.append(k)
-            cross_v.append(v)
+            # contiguous once: attention's batched matrix products would copy these views
+            # at every step
+            cross_k.append(k.contiguous())
+            cross_v.append(v.contiguous())
         cfg = self.cfg
         cache = SelfAttentionCache(len(self.decoder_layers), enc.out.size(0) * group,
                                    cfg.heads * cfg.head_dim_k, cfg.heads * cfg.head_dim_v)
