@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 # int8 is dynamic quantization for CPU decoding: the model is loaded in float32 and its linear
 # layers are then quantized (nmt.models.quantize); it cannot train.
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "float32"}
-PRECISIONS: tuple[str, ...] = tuple(_DTYPES)
+# "auto" (decoding only): resolved by auto_precision() once the device and model are known.
+PRECISIONS: tuple[str, ...] = (*_DTYPES, "auto")
 TRAINING_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 QUANTIZED_PRECISIONS: tuple[str, ...] = ("int8",)
 DEVICE_HELP = "cpu, cuda, cuda:N or auto"
@@ -81,9 +82,38 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+# --precision auto takes bf16 on a CPU only for models at least this wide: below it the matrix
+# products are too small for bf16 to pay for its conversions (transformer_tiny, d_model 64,
+# decodes slower in bf16 than in fp32; d_model 512 about twice as fast, BENCHMARKS.md).
+AUTO_BF16_MIN_WIDTH = 512
+
+
+def auto_precision(device: "torch.device", d_model: int | None) -> tuple[str, str]:
+    """What --precision auto decodes with on ``device`` for a model of width ``d_model``, and
+    why: bf16 on a GPU that has it, and on a CPU with native bf16 (AVX512-BF16 or AMX) for a
+    model of d_model >= AUTO_BF16_MIN_WIDTH; fp32 otherwise."""
+    import torch
+
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "this GPU computes in bf16"
+        return "fp32", "this GPU has no bf16"
+    if device.type != "cpu":
+        return "fp32", f"no bf16 choice is made for {device.type}"
+    if not cpu_has_native_bf16():
+        return "fp32", "this CPU has no native bf16 (AVX512-BF16 or AMX)"
+    if d_model is not None and d_model < AUTO_BF16_MIN_WIDTH:
+        return "fp32", (f"d_model {d_model} < {AUTO_BF16_MIN_WIDTH}: too small for bf16 to "
+                        f"be faster on this CPU")
+    return "bf16", "this CPU has native bf16 (AVX512-BF16 or AMX) and the model is wide"
+
+
 def check_training_precision(precision: str) -> None:
-    """UsageError for a precision that cannot train (int8: decoding only), before any device
-    is looked at."""
+    """UsageError for a precision that cannot train (int8, auto: decoding only), before any
+    device is looked at."""
+    if precision == "auto":
+        raise UsageError("--precision auto is for decoding; train in fp32, or bf16/fp16 on a "
+                         "GPU")
     precision_dtype(precision)
     if precision not in TRAINING_PRECISIONS:
         raise UsageError(f"--precision {precision} is for decoding only (nmt-generate on a "
@@ -121,4 +151,4 @@ def check_precision(precision: str, device: "torch.device", *,
 
 __all__ = ["PRECISIONS", "TRAINING_PRECISIONS", "QUANTIZED_PRECISIONS", "resolve_device",
            "precision_dtype", "check_precision", "check_training_precision",
-           "cpu_has_native_bf16"]
+           "cpu_has_native_bf16", "auto_precision", "AUTO_BF16_MIN_WIDTH"]

@@ -388,7 +388,8 @@ def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> N
         if s.formula != "gnmt":
             how += f" ({s.formula} formula)"
     log.info("%s, max length %g * source + %d, %d model(s) on %s, %s", how, s.max_len_a,
-             s.max_len_b, len(translator.ensemble), translator.device, precision)
+             s.max_len_b, len(translator.ensemble), translator.device,
+             getattr(translator, "precision", precision))
     if translator.constraints is not None:
         log.info("tree constraints: every output is a well-formed linearized tree")
 

@@ -118,10 +118,12 @@ def runtime_options(fn: F) -> F:
                       help="CPU threads for PyTorch (torch.set_num_threads).")(fn)
     fn = click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
                       show_default=True,
-                      help="fp32, or bf16/fp16 (mixed precision on a GPU; nmt-generate also "
+                      help="fp32, or bf16/fp16 (mixed precision on a GPU; decoding also "
                            "runs bf16 on a CPU with native bf16, e.g. AVX512-BF16/AMX), or "
-                           "int8 (nmt-generate on a CPU only: linear layers dynamically "
-                           "quantized to int8).")(fn)
+                           "int8 (decoding on a CPU only: linear layers dynamically "
+                           "quantized to int8), or auto (decoding: bf16 on a GPU with bf16 "
+                           "and, for models of d_model >= 512, on a CPU with native bf16; "
+                           "fp32 elsewhere; the choice is logged).")(fn)
     fn = click.option("--device", default="auto", show_default=True,
                       help="cpu, cuda, cuda:N or auto (a GPU when there is one; under torchrun "
                            "cuda:LOCAL_RANK).")(fn)

@@ -32,7 +32,7 @@ import torch
 
 from nmt.data.batching import longest_first
 from nmt.errors import NmtError, UsageError
-from nmt.runtime import QUANTIZED_PRECISIONS, check_precision, resolve_device
+from nmt.runtime import QUANTIZED_PRECISIONS, auto_precision, check_precision, resolve_device
 from nmt.search.config import DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
@@ -93,6 +93,8 @@ def _warn_other_preset(cfg, first, search: SearchConfig | None, name, first_name
 
 class Translator:
     """Beam search translation with one model or an ensemble, plus the text pipeline."""
+
+    precision = "fp32"      # what from_checkpoint loaded the models in (auto: what it chose)
 
     def __init__(self, models: Sequence[torch.nn.Module], src_codec, tgt_codec, *,
                  search: SearchConfig | None = None, batch: BatchConfig | None = None,
@@ -155,12 +157,16 @@ class Translator:
         if precision in QUANTIZED_PRECISIONS and (device is None or str(device) == "auto"):
             device = "cpu"
         dev = resolve_device(device)
-        dtype = check_precision(precision, dev)
+        dtype = None if precision == "auto" else check_precision(precision, dev)
         models, codecs, cfg, task = [], None, None, None
         names = [p if not isinstance(p, dict) else f"checkpoint {i + 1}"
                  for i, p in enumerate(paths)]
         for p, name in zip(paths, names):
             model, ckpt = load_model_from_checkpoint(p, device=dev)
+            if dtype is None:           # --precision auto: the first model decides
+                precision, why = auto_precision(dev, model.cfg.d_model)
+                dtype = check_precision(precision, dev)
+                log.info("precision auto: %s (%s)", precision, why)
             src, tgt = codecs_from_checkpoint(ckpt, str(name))
             if codecs is None:
                 codecs, cfg = (src, tgt), model_config(ckpt)
@@ -176,9 +182,11 @@ class Translator:
 
                 model = quantize_int8(model)
             models.append(model)
-        return cls(models, codecs[0], codecs[1], search=(search or SearchConfig()).resolve(cfg),
-                   batch=batch, device=dev, sampling=sampling, tree_constraints=tree_constraints,
-                   task=task)
+        translator = cls(models, codecs[0], codecs[1],
+                         search=(search or SearchConfig()).resolve(cfg), batch=batch, device=dev,
+                         sampling=sampling, tree_constraints=tree_constraints, task=task)
+        translator.precision = precision
+        return translator
 
     # --- translation ------------------------------------------------------------------------
     @overload
