@@ -1,30 +1,30 @@
 #!/usr/bin/env python3
-"""nmt against CTranslate2 on the same model, the same input, in one run (issue 14).
+"""nmt against CTranslate2 on the same checkpoint, the same input, in one run, each engine at
+its best settings on this machine.
 
-    python benchmarks/bench_ct2.py CKPT --input test.en --ref test.de --threads 2 \
-        [--beams 1,4] [--rounds 3] [--json out.json]
+    python benchmarks/bench_ct2.py CKPT --input val.en --ref val.de --threads 2 \
+        [--beams 1,4] [--rounds 3] [--json out.json] [--markdown out.md]
 
-The checkpoint is exported with nmt-export (float32 and int8 model directories), then every
-configuration (engine x precision x beam) decodes the whole input in a child process of its
-own, so that each one's peak RSS is its own: a warm-up on 16 sentences, then ``--rounds``
-timed passes; the table reports the median wall time, sentences/s and output subword tokens/s
-of the median pass, the peak RSS of the child, and sacreBLEU of its output against --ref. The
-configurations run in an order that alternates between rounds, so that a drift of the machine
-does not favour one engine.
+The checkpoint is exported with nmt-export (float32 and int8 model directories). Every
+configuration decodes the whole input in a child process of its own (so that each one's peak
+RSS is its own): a warm-up on 16 sentences, then one timed pass; tokenization and
+detokenization (sentencepiece) are inside the timed pass for both engines.
 
-Each engine runs as its users would: nmt with its defaults, through ``Translator`` (batches
-of 64 sentences sorted by length, GNMT length penalty, alpha 0.6, max length source + 50);
-CTranslate2 with the settings of its own published benchmark (tools/benchmark in its
-repository): ``translate_batch`` with ``max_batch_size=32`` examples (``--ct2-batch``),
-``length_penalty=0`` (``--ct2-lenpen``; with 0, CTranslate2 ends a sentence's beam search as
-soon as its best hypothesis has finished, with any other value only when ``beam``
-hypotheses have: 0.6 made it decode longer than nmt, which stops when no live hypothesis can
-win), ``intra_threads`` = --threads, ``inter_threads=1``, one maximum length per call (the
-longest source + 50; its default is 256). It sorts each call's sentences by length before
-batching, as nmt does. Tokenization and detokenization (sentencepiece) are inside the timed
-passes for both. ``--ct2-env KEY=VALUE`` sets an environment variable for the CTranslate2
-children only (e.g. CT2_USE_MKL=0), ``--engines ct2`` runs one engine.
-Needs ctranslate2 (pip install 'nmt[export]').
+1. CTranslate2 is tuned first, for each compute type (float32, int8, int8_float32) and beam:
+   one pass in each environment (as shipped; ``CT2_PACKED_GEMM=0``, which is several times
+   faster on some Intel CPUs; ``CT2_USE_MKL=0``, its oneDNN/ruy backends instead of MKL) and
+   with each batching (``max_batch_size`` 32 examples as its own benchmark, 64 examples, and
+   nmt's default token budget as ``batch_type="tokens"``). The fastest of these is kept.
+2. Then ``--rounds`` rounds, in an order reversed every other round, of nmt at its defaults
+   (Translator: batches of 8192 // beam source tokens, GNMT length penalty 0.6, max length
+   source + 50) in fp32, bf16 (where the CPU has native bf16) and int8, and CTranslate2 with
+   the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when
+   its best hypothesis has finished, close to nmt's rule; max length source + 50 per call).
+
+The table gives the median wall time, sentences/s, output subword tokens/s, the child's peak
+RSS and sacreBLEU against --ref. Ratios are printed only between engines measured in this run
+on this model: nmt fp32 against CTranslate2 float32, and each engine's fastest precision
+against the other's. Needs ctranslate2 (pip install 'nmt[export]').
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -40,23 +41,31 @@ import time
 from pathlib import Path
 
 WARMUP = 16
+CT2_ENVS = {"shipped": {}, "CT2_PACKED_GEMM=0": {"CT2_PACKED_GEMM": "0"},
+            "CT2_USE_MKL=0": {"CT2_USE_MKL": "0"}}
+CT2_TYPES = ("float32", "int8", "int8_float32")
+SEARCH_TOKENS = 8192            # nmt.search.config.DEFAULT_SEARCH_TOKENS
 
 
+# --- children: one configuration each -------------------------------------------------------
 def child(args) -> None:
-    """Decode --input with one configuration; print one JSON line."""
+    """Decode --input with one configuration (for CTranslate2, each --batchings in turn);
+    print one JSON line."""
     # Plain reading: the CTranslate2 child must not import nmt (and torch with it), or its
     # peak RSS would count them.
     with open(args.input, encoding="utf-8") as f:
         lines = [line.rstrip("\n").rstrip("\r") for line in f]
-    decode, count = (_nmt if args.engine == "nmt" else _ct2)(args)
-    decode(lines[:WARMUP])
-    walls, hyps = [], []
-    for _ in range(args.rounds):
+    results = []
+    for batching in (json.loads(args.batchings) if args.engine == "ct2" else [None]):
+        decode, count = (_nmt(args) if args.engine == "nmt" else _ct2(args, batching))
+        decode(lines[:WARMUP])
         t0 = time.perf_counter()
         hyps = decode(lines)
-        walls.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        results.append({"batching": batching, "wall": wall, "tokens": count()})
     Path(args.hyp).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    print(json.dumps({"walls": walls, "tokens": count(hyps), "rss_mb": peak_rss_mb()}))
+    print(json.dumps({"results": results, "walls": [r["wall"] for r in results],
+                      "rss_mb": peak_rss_mb()}))
 
 
 def peak_rss_mb() -> float:
@@ -76,19 +85,22 @@ def _nmt(args):
     from nmt.search.translator import Translator
 
     torch.set_num_threads(args.threads)
+    # --batch-size: benchmarks/bench_versions.py times older trees with a fixed batch
+    batch = BatchConfig(batch_size=args.batch_size) if args.batch_size else None
     t = Translator.from_checkpoint(args.checkpoint, search=SearchConfig(beam=args.beam),
-                                   batch=BatchConfig(batch_size=args.batch_size), device="cpu",
-                                   precision="fp32" if args.precision == "float32" else "int8")
-    tokens = {}
+                                   batch=batch, device="cpu",
+                                   precision={"float32": "fp32"}.get(args.precision,
+                                                                     args.precision))
+    tokens = {"n": 0}
 
     def decode(lines):
         results = t.translate_results(lines)
         tokens["n"] = sum(len(r.hypotheses[0].ids) - 1 for r in results if r.hypotheses)
         return [r.text for r in results]
-    return decode, lambda hyps: tokens["n"]
+    return decode, lambda: tokens["n"]
 
 
-def _ct2(args):
+def _ct2(args, batching):
     import ctranslate2
     import sentencepiece as spm
 
@@ -97,39 +109,116 @@ def _ct2(args):
                                 intra_threads=args.threads, inter_threads=1)
     src = spm.SentencePieceProcessor(model_file=f"{d}/source.spm")
     tgt = spm.SentencePieceProcessor(model_file=f"{d}/target.spm")
-    tokens = {}
+    batch_type, size = batching
+    tokens = {"n": 0}
 
     def decode(lines):
         pieces = [src.encode(line, out_type=str) for line in lines]
         keep = [i for i, p in enumerate(pieces) if p]
         out = [""] * len(lines)
         if keep:
-            res = tr.translate_batch([pieces[i] for i in keep], max_batch_size=args.ct2_batch,
-                                     beam_size=args.beam, length_penalty=args.ct2_lenpen,
+            res = tr.translate_batch([pieces[i] for i in keep], max_batch_size=size,
+                                     batch_type=batch_type, beam_size=args.beam,
+                                     length_penalty=0.0,
                                      max_decoding_length=max(len(pieces[i]) for i in keep) + 50)
             tokens["n"] = sum(len(r.hypotheses[0]) for r in res)
             for i, r in zip(keep, res):
                 out[i] = tgt.decode(r.hypotheses[0])
         return out
-    return decode, lambda hyps: tokens.get("n", 0)
+    return decode, lambda: tokens["n"]
 
 
-def run_config(args, engine: str, precision: str, beam: int, model_dir: str,
-               work: Path) -> dict:
-    hyp = work / f"{engine}.{precision}.b{beam}.txt"
+def run_child(args, work: Path, engine: str, precision: str, beam: int, model_dir: str = "",
+              env_name: str = "", batchings: list | None = None) -> dict:
+    tag = f"{engine}.{precision}.b{beam}.{env_name or 'default'}".replace("=", "")
+    hyp = work / f"{tag}.txt"
     cmd = [sys.executable, __file__, "--child", engine, "--precision", precision, "--beam",
-           str(beam), "--threads", str(args.threads), "--rounds", "1", "--input", args.input,
-           "--hyp", str(hyp), "--model-dir", model_dir, "--ct2-batch", str(args.ct2_batch),
-           "--ct2-lenpen", str(args.ct2_lenpen), args.checkpoint]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    if engine == "ct2":
-        env.update(x.split("=", 1) for x in args.ct2_env)
+           str(beam), "--threads", str(args.threads), "--input", args.input, "--hyp", str(hyp),
+           "--model-dir", model_dir, "--batchings", json.dumps(batchings or []),
+           args.checkpoint]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **CT2_ENVS.get(env_name, {})}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
-        sys.exit(f"bench_ct2: {engine} {precision} beam {beam} failed:\n{p.stderr[-2000:]}")
+        sys.exit(f"bench_ct2: {tag} failed:\n{p.stderr[-2000:]}")
     row = json.loads(p.stdout.strip().splitlines()[-1])
     row["hyp"] = str(hyp)
     return row
+
+
+# --- the run --------------------------------------------------------------------------------
+def tune_ct2(args, work: Path, dirs: dict, beams: list[int]) -> dict:
+    """(compute type, beam) -> (environment, batching) of CTranslate2's fastest pass."""
+    best = {}
+    for ct in CT2_TYPES:
+        for beam in beams:
+            batchings = [["examples", 32], ["examples", 64],
+                         ["tokens", max(SEARCH_TOKENS // beam, 256)]]
+            tried = []
+            for env_name in CT2_ENVS:
+                row = run_child(args, work, "ct2", ct, beam, dirs[ct], env_name, batchings)
+                tried += [(r["wall"], env_name, r["batching"]) for r in row["results"]]
+            wall, env_name, batching = min(tried, key=lambda x: x[0])
+            best[(ct, beam)] = (env_name, batching)
+            print(f"CTranslate2 {ct} beam {beam}: fastest {env_name}, {batching[1]} "
+                  f"{batching[0]} ({wall:.2f} s; slowest {max(tried)[0]:.2f} s)",
+                  file=sys.stderr, flush=True)
+    return best
+
+
+def nmt_precisions() -> list[str]:
+    from nmt.runtime import cpu_has_native_bf16
+
+    return ["fp32", "bf16", "int8"] if cpu_has_native_bf16() else ["fp32", "int8"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        args.engine = args.child
+        child(args)
+        return 0
+    from nmt.export import export_model
+
+    tmp = tempfile.TemporaryDirectory()
+    work = Path(tmp.name)
+    dirs = {"float32": str(export_model(args.checkpoint, work / "ct2-float32"))}
+    dirs["int8"] = dirs["int8_float32"] = str(export_model(args.checkpoint, work / "ct2-int8",
+                                                           quantization="int8"))
+    beams = [int(b) for b in args.beams.split(",")]
+    load_before = os.getloadavg()[0]
+    tuned = tune_ct2(args, work, dirs, beams)
+    configs = [("nmt", p, b) for b in beams for p in nmt_precisions()]
+    configs += [("ct2", ct, b) for b in beams for ct in CT2_TYPES]
+    walls: dict = {c: [] for c in configs}
+    rows: dict = {}
+    for r in range(args.rounds):
+        for c in (configs if r % 2 == 0 else configs[::-1]):
+            engine, precision, beam = c
+            env_name, batching = tuned[(precision, beam)] if engine == "ct2" else ("", None)
+            row = run_child(args, work, engine, precision, beam, dirs.get(precision, ""),
+                            env_name, [batching] if batching else None)
+            walls[c].append(row["results"][-1]["wall"])
+            rows[c] = {**row, "tokens": row["results"][-1]["tokens"], "setting": (
+                f"{env_name}, {batching[1]} {batching[0]}" if engine == "ct2" else
+                f"defaults ({max(SEARCH_TOKENS // beam, 256)} source tokens per batch)")}
+    n = sum(1 for _ in open(args.input, encoding="utf-8"))
+    report = {"command": "python benchmarks/bench_ct2.py " + " ".join(argv or sys.argv[1:]),
+              "machine": machine(args.threads), "sentences": n, "rounds": args.rounds,
+              "load_before": load_before, "load_after": os.getloadavg()[0], "rows": []}
+    for c in configs:
+        wall = statistics.median(walls[c])
+        report["rows"].append({
+            "engine": c[0], "precision": c[1], "beam": c[2], "setting": rows[c]["setting"],
+            "wall_s": round(wall, 4), "walls_s": walls[c], "sentences_per_s": n / wall,
+            "tokens_per_s": rows[c]["tokens"] / wall, "rss_mb": rows[c]["rss_mb"],
+            "bleu": bleu(rows[c]["hyp"], args.ref) if args.ref else None})
+    text = markdown(report, beams)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n", encoding="utf-8")
+    return 0
 
 
 def bleu(hyp: str, ref: str) -> float:
@@ -139,7 +228,49 @@ def bleu(hyp: str, ref: str) -> float:
     return round(corpus_score("bleu", read_lines(hyp), [read_lines(ref)]).score, 2)
 
 
-def main(argv=None) -> int:
+def machine(threads: int) -> dict:
+    import ctranslate2
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
+    except OSError:
+        pass
+    from nmt.runtime import cpu_has_native_bf16
+
+    return {"cpu": cpu, "native_bf16": cpu_has_native_bf16(), "threads": threads,
+            "torch": torch.__version__, "ctranslate2": ctranslate2.__version__}
+
+
+def markdown(report: dict, beams: list[int]) -> str:
+    m = report["machine"]
+    out = [f"{report['sentences']} sentences, {m['threads']} threads, median of "
+           f"{report['rounds']} rounds; {m['cpu']} (native bf16: {m['native_bf16']}), torch "
+           f"{m['torch']}, CTranslate2 {m['ctranslate2']}; load average "
+           f"{report['load_before']:.2f} before, {report['load_after']:.2f} after.", "",
+           "| engine | precision | beam | setting | sentences/s | tokens/s | peak RSS MB "
+           "| BLEU |", "|---|---|---:|---|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        out.append(f"| {'nmt' if r['engine'] == 'nmt' else 'CTranslate2'} | {r['precision']} "
+                   f"| {r['beam']} | {r['setting']} | {r['sentences_per_s']:,.1f} | "
+                   f"{r['tokens_per_s']:,.0f} | {r['rss_mb']:.0f} | {r['bleu']} |")
+    out += ["", "| beam | nmt fp32 / CTranslate2 float32 | nmt fastest / CTranslate2 fastest |",
+            "|---:|---:|---:|"]
+    for b in beams:
+        rows = [r for r in report["rows"] if r["beam"] == b]
+        by = {(r["engine"], r["precision"]): r for r in rows}
+        fast = {e: min((r for r in rows if r["engine"] == e), key=lambda r: r["wall_s"])
+                for e in ("nmt", "ct2")}
+        out.append(f"| {b} | {by[('ct2', 'float32')]['wall_s'] / by[('nmt', 'fp32')]['wall_s']:.2f}x "
+                   f"| {fast['ct2']['wall_s'] / fast['nmt']['wall_s']:.2f}x (nmt "
+                   f"{fast['nmt']['precision']}, CTranslate2 {fast['ct2']['precision']}) |")
+    return "\n".join(out)
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint")
     ap.add_argument("--input", required=True)
@@ -148,81 +279,15 @@ def main(argv=None) -> int:
     ap.add_argument("--beams", default="1,4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--engines", default="nmt,ct2")
-    ap.add_argument("--ct2-batch", type=int, default=32,
-                    help="CTranslate2's max_batch_size in examples [32, its benchmark's]")
-    ap.add_argument("--ct2-lenpen", type=float, default=0.0,
-                    help="CTranslate2's length_penalty [0, its benchmark's]")
-    ap.add_argument("--ct2-env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--markdown")
     ap.add_argument("--child", choices=["nmt", "ct2"], help=argparse.SUPPRESS)
-    ap.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--hyp", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        args.engine = args.child
-        child(args)
-        return 0
-    if not args.ref:
-        ap.error("--ref is required")
-    from nmt.export import export_model
-
-    tmp = tempfile.TemporaryDirectory()
-    work = Path(tmp.name)
-    dirs = {q: str(export_model(args.checkpoint, work / f"ct2-{q}", quantization=q))
-            for q in ("float32", "int8")}
-    engines = args.engines.split(",")
-    configs = [(e, p, int(b)) for b in args.beams.split(",") for p in ("float32", "int8")
-               for e in ("nmt", "ct2") if e in engines]
-    walls: dict = {c: [] for c in configs}
-    rows: dict = {}
-    for r in range(args.rounds):
-        for c in (configs if r % 2 == 0 else configs[::-1]):
-            row = run_config(args, *c, dirs[c[1]], work)
-            walls[c] += row["walls"]
-            rows[c] = row
-    report = []
-    for c in configs:
-        wall = statistics.median(walls[c])
-        n = sum(1 for _ in open(args.input, encoding="utf-8"))
-        report.append({"engine": c[0], "precision": c[1], "beam": c[2], "wall_s": wall,
-                       "sentences_per_s": n / wall, "tokens_per_s": rows[c]["tokens"] / wall,
-                       "rss_mb": max(rows[c]["rss_mb"], 0), "bleu": bleu(rows[c]["hyp"],
-                                                                          args.ref)})
-    print(table(report, args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0
-
-
-def table(report: list[dict], args) -> str:
-    import torch
-
-    out = [f"# nmt vs CTranslate2: {sum(1 for _ in open(args.input, encoding='utf-8'))} "
-           f"sentences, {args.threads} thread(s), {args.rounds} round(s), torch "
-           f"{torch.__version__}, ctranslate2 {_ct2_version()} (batch {args.ct2_batch}, "
-           f"length_penalty {args.ct2_lenpen}{', ' + ' '.join(args.ct2_env) if args.ct2_env else ''})",
-           "",
-           "| engine | precision | beam | median wall s | sentences/s | tokens/s | peak RSS MB "
-           "| BLEU | nmt / CTranslate2 speed |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    by = {(r["engine"], r["precision"], r["beam"]): r for r in report}
-    for r in report:
-        other = by.get(("ct2", r["precision"], r["beam"]))
-        ratio = other["wall_s"] / r["wall_s"] if r["engine"] == "nmt" and other else None
-        out.append(f"| {r['engine']} | {r['precision']} | {r['beam']} | {r['wall_s']:.2f} | "
-                   f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['rss_mb']:.0f} | "
-                   f"{r['bleu']} | {'' if ratio is None else f'{ratio:.2f}x'} |")
-    return "\n".join(out)
-
-
-def _ct2_version() -> str:
-    try:
-        import ctranslate2
-    except ImportError:
-        return "not installed"
-    return ctranslate2.__version__
+    ap.add_argument("--batchings", default="[]", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
+from nmt.checkpoint_records import mmap_verdict
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.io import atomic_write, check_readable
@@ -101,6 +102,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if p.stat().st_size == 0:
         raise NmtError(f"{p}: empty file, not a checkpoint")
     is_zip = _check_kind(p)
+    # A mapped archive is trusted as it is: check its records first (compressed ones are
+    # read whole instead; a record of the wrong size is refused).
+    mmap = mmap and is_zip and mmap_verdict(p)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pickle-protocol chatter on foreign files

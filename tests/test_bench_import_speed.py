@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nmt.runtime import cpu_has_native_bf16
+
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
@@ -27,18 +29,23 @@ def test_quick_run_compares_like_with_like(tmp_path):
     report = json.loads(out.read_text(encoding="utf-8"))
     s = report["settings"]
     rows = {(r["engine"], r["precision"], r["beam"]): r for r in report["rows"]}
-    assert set(rows) == {(e, q, b) for e in ("nmt", "hf", "ct2") for q in ("fp32", "int8")
-                         for b in (1, 4)}
+    engines = ("nmt", "hf", "ct2", "ct2-nopack", "ct2-nomkl")     # CTranslate2 in 3 settings
+    bf16 = {("nmt", "bf16", b) for b in (1, 4)} if cpu_has_native_bf16() else set()
+    assert set(rows) == {(e, q, b) for e in engines for q in ("fp32", "int8")
+                         for b in (1, 4)} | bf16
     for r in rows.values():
         assert len(r["outputs"]) == s["sentences"]
         assert all(len(o) == s["length"] for o in r["outputs"]), r["engine"]
         assert r["target_tokens"] == s["sentences"] * s["length"]
         assert r["tokens_per_s"] > 0 and r["sentences_per_s"] > 0
-    greedy = [rows[(e, "fp32", 1)]["outputs"] for e in ("nmt", "hf", "ct2")]
-    assert greedy[0] == greedy[1] == greedy[2]
+    greedy = [rows[(e, "fp32", 1)]["outputs"] for e in engines]
+    assert all(g == greedy[0] for g in greedy)
     assert len({tuple(o) for o in greedy[0]}) > 1          # not one output for every input
     assert rows[("ct2", "fp32", 1)]["same_as_nmt_fp32"] == 1.0
     assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
     lines = md.read_text(encoding="utf-8").splitlines()
     body = [x for x in lines if x.startswith("| ") and not x.startswith("| engine")]
-    assert len(body) == 12 and "| CTranslate2 | int8 | 4 |" in "\n".join(body)
+    assert len(body) == 20 + len(bf16) and "| CTranslate2 | int8 | 4 |" in "\n".join(body)
+    # nmt's rows name CTranslate2's fastest setting at the same precision
+    nmt_int8 = next(x for x in body if x.startswith("| nmt | int8 | 4 |"))
+    assert "x (int8, CTranslate2" in nmt_int8
