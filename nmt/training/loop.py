@@ -154,6 +154,8 @@ class Run:
         """Train from the saved position to the end of this epoch; True to stop the run."""
         shard = self.sampler.shard_batches(self.epoch)
         uf = self.cfg.update_freq
+        if self.epoch_batches_done >= len(shard):      # a saved position past the end
+            return resume.past_the_end(self, len(shard))
         while self.epoch_batches_done < len(shard):
             group = shard[self.epoch_batches_done:self.epoch_batches_done + uf]
             start = self.model_cfg.start_id

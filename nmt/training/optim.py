@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import torch
 
+from nmt.errors import NmtError
 from nmt.training.config import OPTIMIZERS, SCHEDULES
 
 ADAM_BETAS = (0.9, 0.98)   # beta1, beta2 of the paper
@@ -164,3 +165,46 @@ class LRSchedule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_num = int(state["step_num"])
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """NmtError unless the saved Adam state fits ``optimizer``'s parameters: the same groups
+    and sizes, and per parameter tensors of its shape, a floating dtype, dense and contiguous
+    (a broadcast view of the right shape would make the fused kernel write out of bounds: a
+    crash, not an error). Checked before torch's load_state_dict, which trusts it."""
+    def bad(what: str) -> NmtError:
+        return NmtError(f"the checkpoint's optimizer state is damaged ({what}); resume from "
+                        f"another checkpoint, or start afresh with --no-resume")
+
+    if not (isinstance(saved, dict) and isinstance(saved.get("param_groups"), list)
+            and isinstance(saved.get("state"), dict)):
+        raise bad("not an optimizer state")
+    groups = optimizer.param_groups
+    if len(saved["param_groups"]) != len(groups):
+        raise bad(f"{len(saved['param_groups'])} parameter groups, this model {len(groups)}")
+    params: dict = {}
+    for mine, theirs in zip(groups, saved["param_groups"]):
+        ids = theirs.get("params") if isinstance(theirs, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(mine["params"]):
+            raise bad("a parameter group of another size")
+        params.update(zip(ids, mine["params"]))
+    for pid, entry in saved["state"].items():
+        if pid not in params or not isinstance(entry, dict):
+            raise bad(f"state for an unknown parameter {pid!r}")
+        for key, value in entry.items():
+            _check_state_tensor(params[pid], pid, key, value, bad)
+
+
+def _check_state_tensor(p: torch.Tensor, pid, key: str, value, bad) -> None:
+    if not torch.is_tensor(value):
+        raise bad(f"{key} of parameter {pid} is not a tensor")
+    if key == "step":
+        if value.numel() != 1:
+            raise bad(f"step of parameter {pid} has {value.numel()} values")
+        return
+    if (tuple(value.shape) != tuple(p.shape) or not value.is_floating_point() or value.is_sparse
+            or not value.is_contiguous()
+            or value.untyped_storage().nbytes() < value.numel() * value.element_size()):
+        raise bad(f"{key} of parameter {pid}: shape {tuple(value.shape)}, {value.dtype}, "
+                  f"{'contiguous' if value.is_contiguous() else 'strided'}; the parameter "
+                  f"is {tuple(p.shape)}")

@@ -166,6 +166,21 @@ def saved_init_from(ck: Mapping[str, Any]) -> str | None:
     return (ck.get("train_config") or {}).get("init_from")
 
 
+def past_the_end(run, batches: int) -> bool:
+    """The run resumed at a position past its epoch's ``batches`` batches: the data directory's
+    batches are not those of the run that saved it (the same vocabulary and line count, shorter
+    sentences). Go on with the next epoch (False: the run goes on); a rank with no batch at
+    all cannot train."""
+    if batches == 0:
+        raise NmtError(f"epoch {run.epoch} has no batch for this rank: the training set is "
+                       f"smaller than one batch per rank")
+    log.warning("the saved position, batch %d of epoch %d, is past its %d batches (the data "
+                "changed since it was saved?): going on with epoch %d", run.epoch_batches_done,
+                run.epoch, batches, run.epoch + 1)
+    run.epoch, run.epoch_batches_done = run.epoch + 1, 0
+    return False
+
+
 def saved_position(ck: Mapping[str, Any], path: Path, sampler_signature: Any) -> tuple[int, int]:
     """(epoch, batches of it done) to continue at: the saved position, or the start of the
     next epoch when the batching changed (another --max-tokens or world size: the saved

@@ -19,7 +19,7 @@ from nmt.data.batching import BOS, Batch, dummy_batch
 from nmt.runtime import precision_dtype
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss
-from nmt.training.optim import LRSchedule, ScheduleSpec, make_optimizer
+from nmt.training.optim import LRSchedule, ScheduleSpec, check_optimizer_state, make_optimizer
 from nmt.training.policy import StepSignals
 
 log = logging.getLogger("nmt.train")
@@ -208,8 +208,8 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_optimizer_state(self.optimizer, state["optimizer"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-
