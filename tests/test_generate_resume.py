@@ -71,7 +71,8 @@ def _stop_after(f, out, lines: int, sig, *extra) -> int:
         f["stderr"] = p.stderr.read().decode()
     finally:
         p.kill()
-    assert p.returncode == -sig if sig == signal.SIGKILL else 128 + sig
+    f["returncode"] = p.returncode
+    assert p.returncode == (-sig if sig == signal.SIGKILL else 128 + sig)
     return json.loads(_journal(out).read_text())["input_lines"]
 
 
@@ -101,7 +102,8 @@ def test_sigterm_then_rerun_and_a_full_disk_then_rerun(f, tmp_path):
     want = _reference(f)
     out = tmp_path / "out.txt"
     done = _stop_after(f, out, 60, signal.SIGTERM)
-    error_line("nmt-generate", 143, f["stderr"], "interrupted by SIGTERM",
+    assert f["returncode"] == 143
+    error_line("nmt-generate", f["returncode"], f["stderr"], "interrupted by SIGTERM",
                f"{out}: the first {done} lines are done; rerun the same command to resume")
     assert not out.exists() and _partial(out).exists()
     # The disk fills up half way through: the error says what a rerun does.
@@ -218,7 +220,10 @@ def test_a_signal_while_the_output_is_installed_reports_what_is_on_disk(tmp_path
         os.kill(os.getpid(), signal.SIGTERM)
 
     out_path = tmp_path / "out.txt"
-    out = R.ResumableOutput(out_path, {"run": 1})
+    src = tmp_path / "in.txt"
+    src.write_text("src1\n")                   # one line of 5 bytes: commit(1, 5) below
+    out = R.ResumableOutput(out_path, {"input": {"path": str(src)},
+                                       "options": {"output_format": "text", "nbest": 1}})
     with pytest.raises(Interrupted):
         with stop_on_signals():
             with out:
@@ -228,3 +233,49 @@ def test_a_signal_while_the_output_is_installed_reports_what_is_on_disk(tmp_path
     assert out_path.read_text() == "eins\n"
     assert not _journal(out_path).exists() and not _partial(out_path).exists()
     assert out.stopped() == f"{out_path} was written in full"
+
+
+# --- a journal that does not match what is on disk -----------------------------------------
+
+def _tamper(path, **changes):
+    state = json.loads(path.read_text())
+    state.update(changes)
+    path.write_text(json.dumps(state))
+    return state
+
+
+@pytest.mark.parametrize("change", ["skip", "repeat", "huge", "edited input"])
+def test_a_journal_that_disagrees_is_refused(f, tmp_path, change):
+    """Lines skipped or repeated, input_lines 10^9 with output_bytes 0, an input edited in
+    place with its size and modification time restored: each gave a wrong file with exit 0;
+    now the rerun is refused in one line, and --overwrite gives the right file."""
+    src = tmp_path / "in.txt"
+    src.write_bytes(open(f["in"], "rb").read())
+    g = {**f, "in": str(src)}
+    out = tmp_path / "out.txt"
+    _stop_after(g, out, 60, signal.SIGKILL)
+    state = json.loads(_journal(out).read_text())
+    if change == "skip":            # the journal claims a later chunk than the partial holds
+        data = src.read_bytes()
+        extra = data[state["input_bytes"]:].split(b"\n", 20)
+        _tamper(_journal(out), input_lines=state["input_lines"] + 20,
+                input_bytes=state["input_bytes"] + sum(len(x) + 1 for x in extra[:20]))
+    elif change == "repeat":        # the journal claims an earlier position than the partial
+        _tamper(_journal(out), input_lines=state["input_lines"] - 20)
+    elif change == "huge":
+        _tamper(_journal(out), input_lines=10**9, output_bytes=0, output_lines=0)
+    else:                           # a word of a translated line changed, size and time kept
+        st = os.stat(src)
+        data = bytearray(src.read_bytes())
+        i = data.index(b" ")
+        data[i - 1:i] = b"Z" if data[i - 1:i] != b"Z" else b"Y"
+        src.write_bytes(bytes(data))
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = _run(g, out, "-q", ok=False)
+    error_line("nmt-generate", r.returncode, r.stderr, "--overwrite")
+    assert not out.exists()
+    r = _run(g, out, "-q", "--overwrite")
+    want = _run(g, tmp_path / "fresh.txt", "-q").returncode == 0 and \
+        (tmp_path / "fresh.txt").read_bytes()
+    assert out.read_bytes() == want
+    assert len(want.splitlines()) == len(src.read_bytes().splitlines())

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Sequence
 
 from nmt.cli.generate_config import GenerateConfig
+from nmt.cli.generate_modes import lines_per_result
+from nmt.cli.generate_tally import InputTally, check_resume, newlines
 from nmt.errors import NmtError
 from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir, mark_written
 from nmt.lock import WriterLock
@@ -37,7 +39,7 @@ log = logging.getLogger("nmt.generate")
 
 JOURNAL = ".nmt-progress.json"
 PARTIAL = ".nmt-partial"
-VERSION = 1
+VERSION = 2     # 2: output_lines and input_sha256 (nmt.cli.generate_tally)
 # Options that say where the input and output are (recorded as files), not what is written.
 _NOT_IDENTITY = ("input_path", "output_path")
 
@@ -124,7 +126,13 @@ class ResumableOutput:
         self.journal = self.path.with_name(self.path.name + JOURNAL)
         self.partial = self.path.with_name(self.path.name + PARTIAL)
         self.identity = identity
-        self.lines_done = self.input_bytes = self.output_bytes = 0
+        self.lines_done = self.input_bytes = self.output_bytes = self.output_lines = 0
+        self.input_path = identity["input"]["path"]
+        opts = identity["options"]
+        # output lines per input line; None for a torchrun rank's share (some lines only)
+        self.per_line = (None if self.shard is not None
+                         else lines_per_result(opts["output_format"], opts["nbest"]))
+        self.tally = InputTally(self.input_path)
         state = None if overwrite else self._read_journal()
         if state is not None:
             why = difference(state.get("identity", {}), identity)
@@ -152,8 +160,10 @@ class ResumableOutput:
         try:
             state = json.loads(text)
             ok = state.get("version") == VERSION and all(
-                isinstance(state.get(k), int) and state[k] >= 0
-                for k in ("input_lines", "input_bytes", "output_bytes"))
+                isinstance(state.get(k), int) and not isinstance(state[k], bool)
+                and state[k] >= 0
+                for k in ("input_lines", "input_bytes", "output_bytes", "output_lines")
+            ) and isinstance(state.get("input_sha256"), str)
         except (ValueError, AttributeError):
             ok = False
         if not ok:
@@ -170,8 +180,9 @@ class ResumableOutput:
             log.warning("%s: %s is missing or shorter than its journal says; starting afresh",
                         self.path, self.partial.name)
             return
+        self.tally = check_resume(state, self.partial, self.input_path, self.per_line)
         self.lines_done, self.input_bytes = state["input_lines"], state["input_bytes"]
-        self.output_bytes = state["output_bytes"]
+        self.output_bytes, self.output_lines = state["output_bytes"], state["output_lines"]
         log.info("resuming %s after input line %d (%d bytes of output kept)", self.path,
                  self.lines_done, self.output_bytes)
 
@@ -204,6 +215,8 @@ class ResumableOutput:
             output_bytes = self._f.tell()
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write ({e.strerror})") from None
+        self.output_lines += newlines(self.partial, self.output_bytes, output_bytes)
+        self.tally.extend(input_bytes)
         self._save_journal(lines_done, input_bytes, output_bytes)
         self.lines_done, self.input_bytes, self.output_bytes = (lines_done, input_bytes,
                                                                 output_bytes)
@@ -211,9 +224,15 @@ class ResumableOutput:
     def _save_journal(self, lines_done: int, input_bytes: int, output_bytes: int,
                       **extra) -> None:
         state = {"version": VERSION, "identity": self.identity, "input_lines": lines_done,
-                 "input_bytes": input_bytes, "output_bytes": output_bytes, **extra}
+                 "input_bytes": input_bytes, "output_bytes": output_bytes,
+                 "output_lines": self.output_lines, "input_sha256": self.tally.sha256, **extra}
         with atomic_write(self.journal, "w") as f:
             f.write(json.dumps(state, indent=1) + "\n")
+
+    def _check_whole(self) -> None:
+        why = _whole(self)
+        if why is not None:
+            raise NmtError(f"{self.path}: not written: {why}; add --overwrite to start afresh")
 
     def stopped(self) -> str:
         """What an interrupted run leaves, for its last message."""
@@ -239,6 +258,7 @@ class ResumableOutput:
     def _install(self) -> None:
         from nmt.cli.common import signals_deferred
 
+        self._check_whole()
         try:
             with open(self.partial, "rb+") as f:
                 os.fsync(f.fileno())
@@ -252,6 +272,18 @@ class ResumableOutput:
                 mark_written(self.path, self.identity)
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
+
+
+def _whole(out: "ResumableOutput") -> str | None:
+    """Why the finished output of ``out`` (one process) is not one result per input line."""
+    size = os.path.getsize(out.input_path)
+    if out.tally.bytes != size:
+        return f"{out.tally.bytes} of the input's {size} bytes translated"
+    if out.lines_done != out.tally.lines():
+        return f"{out.lines_done} lines translated, the input has {out.tally.lines()}"
+    if out.output_lines != out.lines_done * out.per_line:
+        return f"{out.output_lines} output lines for {out.lines_done} input lines"
+    return None
 
 
 __all__ = ["ResumableOutput", "output_lock", "run_identity", "difference"]
