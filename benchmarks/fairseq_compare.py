@@ -346,14 +346,17 @@ def compare(work: Path, bin_dir: Path, arch: str = "transformer_small", threads:
 
 # --- the comparison table -----------------------------------------------------------------------
 def comparison_rows(fs: dict, small: dict | None, gen: dict | None) -> list[dict]:
-    """Rows of (figure, nmt value, other value, source, ratio nmt/other)."""
+    """Rows of (figure, nmt value, other value, source, ratio nmt/other). A ratio only where
+    both were measured in this run on the same model (training: the same data and
+    architecture); the other figures are references, printed without one."""
     rows: list[dict] = []
 
-    def add(figure, ours, other, source, fmt="{:,.1f}", unit=""):
+    def add(figure, ours, other, source, fmt="{:,.1f}", unit="", same_run=False):
         rows.append({"figure": figure, "nmt": ours, "other": other, "source": source,
                      "nmt_text": None if ours is None else fmt.format(ours) + unit,
                      "other_text": fmt.format(other) + unit,
-                     "ratio": ours / other if ours is not None and other else None})
+                     "ratio": ours / other if same_run and ours is not None and other
+                     else None})
 
     tok = small["tgt_tokens_per_s"] if small else None
     rss = small["peak_rss_gb"] if small else None
@@ -367,8 +370,9 @@ def comparison_rows(fs: dict, small: dict | None, gen: dict | None) -> list[dict
     if fs.get("status") == "measured":
         here = f"fairseq {fs['version']}, measured in this run"
         add("training target tokens/s, transformer_small", tok,
-            fs["train"]["tgt_tokens_per_s"], here)
-        add("training peak RSS (GB)", rss, fs["train"]["peak_rss_gb"], here, "{:.2f}")
+            fs["train"]["tgt_tokens_per_s"], here, same_run=True)
+        add("training peak RSS (GB)", rss, fs["train"]["peak_rss_gb"], here, "{:.2f}",
+            same_run=True)
         g = fs["generate"]
         note = f"{here} (model after {g['model_updates']} updates)"
         add("generation beam 4, target tokens/s", tps4, g["target_tokens_per_s"], note)

@@ -15,7 +15,8 @@ step's alone) and reads back its JSON:
   generate    bench_generate.py on the test set with --checkpoint, beams 1 and 4, time per
               sentence by source length, sacreBLEU when the reference is there;
   fairseq     fairseq_compare.py: fairseq 0.12.2 in its own venv when it can be installed,
-              otherwise the reference figures of the issue; ratios nmt/other.
+              otherwise reference figures from other runs; a ratio nmt/other only for
+              figures measured in this run on the same model.
 
 Only the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` is replaced (sections
 missing from the file are appended); everything else in --out is kept. ``--device cuda`` runs
@@ -360,9 +361,10 @@ def render_fairseq(res: dict, head: str) -> str:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         ours = r["nmt_text"] if r["nmt"] is not None else "not measured"
         lines.append(f"| {r['figure']} | {ours} | {r['other_text']} | {r['source']} | {ratio} |")
-    lines += ["", "Reference figures: the M30K-small runs of the train and generate issues "
-              "(transformer_small size, Multi30k en-de, 2 threads, max tokens 4096); a ratio "
-              "above 1 means nmt is faster, or for memory, uses more."]
+    lines += ["", "Reference figures come from other runs (transformer_small size, Multi30k "
+              "en-de, 2 threads, max tokens 4096) and get no ratio; a ratio (both measured in "
+              "this run, on the same model) above 1 means nmt is faster, or for memory, uses "
+              "more."]
     return "\n".join(lines)
 
 
