@@ -83,9 +83,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 # --precision auto takes bf16 on a CPU only for models at least this wide: below it the matrix
-# products are too small for bf16 to pay for its conversions (transformer_tiny, d_model 64,
-# decodes slower in bf16 than in fp32; d_model 512 about twice as fast, BENCHMARKS.md).
-AUTO_BF16_MIN_WIDTH = 512
+# products are too small for bf16 to pay for its conversions (on an AMD EPYC with
+# AVX512-BF16, BENCHMARKS.md: transformer_tiny, d_model 64, decodes about 2x slower in bf16;
+# transformer_small, d_model 256, 1.3x faster at the same BLEU).
+AUTO_BF16_MIN_WIDTH = 256
 
 
 def auto_precision(device: "torch.device", d_model: int | None) -> tuple[str, str]:

@@ -122,7 +122,7 @@ def runtime_options(fn: F) -> F:
                            "runs bf16 on a CPU with native bf16, e.g. AVX512-BF16/AMX), or "
                            "int8 (decoding on a CPU only: linear layers dynamically "
                            "quantized to int8), or auto (decoding: bf16 on a GPU with bf16 "
-                           "and, for models of d_model >= 512, on a CPU with native bf16; "
+                           "and, for models of d_model >= 256, on a CPU with native bf16; "
                            "fp32 elsewhere; the choice is logged).")(fn)
     fn = click.option("--device", default="auto", show_default=True,
                       help="cpu, cuda, cuda:N or auto (a GPU when there is one; under torchrun "
