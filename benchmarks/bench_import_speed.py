@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""nmt vs Hugging Face transformers vs CTranslate2 on the OPUS-MT architecture (issue 28).
+"""nmt vs Hugging Face transformers vs CTranslate2 on the OPUS-MT architecture.
 
     python benchmarks/bench_import_speed.py [--sentences 200] [--length 30] [--rounds 3] \
         [--threads 2] [--json out.json] [--markdown out.md] [--quick]
