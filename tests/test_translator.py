@@ -187,7 +187,7 @@ def test_one_device_resolver_and_precision_table(monkeypatch):
     from nmt.training.distributed import DistInfo, pick_device
 
     cpu = torch.device("cpu")
-    assert PRECISIONS == ("fp32", "bf16", "fp16", "int8")
+    assert PRECISIONS == ("fp32", "bf16", "fp16", "int8", "auto")
     assert precision_dtype("bf16") is torch.bfloat16
     assert check_precision("fp32", cpu) is torch.float32
     with pytest.raises(UsageError, match="unknown precision 'fp8'"):
