@@ -402,3 +402,21 @@ def test_the_recorded_pipeline_given_imports(tmp_path):
     invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
            + ["-o", tmp_path / "m.pt"])
     assert (tmp_path / "m.pt").is_file()
+
+
+def test_a_zip_bomb_is_refused_before_it_is_expanded(tmp_path):
+    """A 7 MB fairseq 'checkpoint' whose deflated members expand to gigabytes passed 3.3 GB
+    of memory before an error; torch.save stores members uncompressed, so such a file is
+    refused by its zip directory alone."""
+    import zipfile
+
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", b"\0" * (200 << 20))
+        z.writestr("archive/version", b"3\n")
+    assert bomb.stat().st_size < 2 << 20
+    r = subprocess.run([sys.executable, "-m", "nmt.cli.import_", "fairseq", str(bomb),
+                        "--data", str(tmp_path), "-o", str(tmp_path / "x.pt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "expand to" in r.stderr.strip().splitlines()[-1], r.stderr

@@ -605,3 +605,45 @@ def test_an_imported_marian_models_ctranslate2_export_tokenizes_as_nmt(marian, i
     ids = tgt.encode(marian[3][0])
     with_unk = [*ids[:2], 3, *ids[2:]]                  # 3: <unk>
     assert module.from_pieces([tgt.dictionary[i] for i in with_unk]) == tgt.decode(with_unk)
+
+
+def _copy_marian(src: Path, d: Path) -> Path:
+    d.mkdir()
+    for f in src.iterdir():
+        if f.is_file():
+            (d / f.name).write_bytes(f.read_bytes())
+    return d
+
+
+@pytest.mark.parametrize("name, target", [("vocab.json", "/dev/zero"),
+                                          ("source.spm", "/dev/urandom"),
+                                          ("config.json", "fifo")])
+def test_devices_and_fifos_are_refused_before_reading(marian, tmp_path, name, target):
+    """A symlink to /dev/zero or /dev/urandom grew the import to gigabytes before an error;
+    a FIFO hung it forever. Regular files only, checked before a byte is read."""
+    d = _copy_marian(marian[0], tmp_path / "m")
+    (d / name).unlink()
+    if target == "fifo":
+        os.mkfifo(d / name)
+    else:
+        (d / name).symlink_to(target)
+    r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "x.pt", ok=False)
+    assert "not a regular file" in one_line_error(r, "nmt-import")
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_integer_weights_are_refused_by_name(marian, tmp_path):
+    """A weight stored as I32 was cast to float silently (values up to 1.2e9, exit 0)."""
+    from safetensors.torch import load_file, save_file
+
+    d = _copy_marian(marian[0], tmp_path / "m")
+    path = d / "model.safetensors"
+    if not path.exists():
+        pytest.skip("the fixture saved pytorch_model.bin")
+    weights = load_file(str(path))
+    key = next(k for k in sorted(weights) if k.endswith("fc1.weight"))
+    weights[key] = (weights[key] * 1e9).to(torch.int32)
+    save_file(weights, str(path))
+    r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "x.pt", ok=False)
+    line = one_line_error(r, "nmt-import")
+    assert "not floating point" in line and key in line and "torch.int32" in line

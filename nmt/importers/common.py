@@ -13,6 +13,7 @@ import fnmatch
 import json
 import os
 import pickle
+import stat
 import warnings
 import zipfile
 from pathlib import Path
@@ -32,8 +33,56 @@ from nmt.specials import SPECIALS
 ABSENT_LOGIT = -100.0
 
 
+# What an import reads at most, checked before reading: a configuration or vocabulary file,
+# a subword model; weights are bounded by their own formats (zip members, safetensors header).
+MAX_TEXT_BYTES = 256 << 20
+
+
+def regular_file(path: Path, what: str, limit: int | None = MAX_TEXT_BYTES) -> Path:
+    """``path`` if it is a regular file (links followed) of at most ``limit`` bytes; else a
+    one-line NmtError, before a byte is read: a FIFO would hang the import, a device
+    (/dev/zero, /dev/urandom) would fill the memory."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: no such file (the {what})") from None
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NmtError(f"{path}: not a regular file (the {what}); a FIFO, device or directory "
+                       f"is not read")
+    if limit is not None and st.st_size > limit:
+        raise NmtError(f"{path}: {st.st_size:,} bytes, more than a {what} has "
+                       f"(at most {limit:,})")
+    return path
+
+
+def check_zip_sizes(path: Path, what: str) -> None:
+    """A torch.save zip archive stores its members uncompressed: refuse one whose members
+    would expand past its own size (a zip bomb), before torch reads them."""
+    if not zipfile.is_zipfile(path):
+        return
+    with zipfile.ZipFile(path) as z:
+        expanded = sum(i.file_size for i in z.infolist())
+    if expanded > 2 * os.path.getsize(path) + (64 << 20):
+        raise NmtError(f"{path}: its members expand to {expanded:,} bytes, far past the file's "
+                       f"own size: not a {what} as torch writes one")
+
+
+def check_float_weights(weights: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Refuse integer or boolean weights by name (they would be cast to float silently);
+    position-id and version buffers are not weights."""
+    bad = sorted(k for k, v in weights.items() if not v.is_floating_point()
+                 and not k.endswith(("position_ids", "version")))
+    if bad:
+        shown = ", ".join(f"{k} ({weights[k].dtype})" for k in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise NmtError(f"{path}: weights that are not floating point: {shown}{more}")
+
+
 def read_json(path: Path, what: str) -> dict:
     """A JSON object from ``path``; one-line NmtError when missing or malformed."""
+    regular_file(path, what)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -55,16 +104,21 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     except ImportError:
         raise NmtError(f"{path}: reading .safetensors needs the safetensors package: "
                        f"pip install 'nmt[hf]'") from None
+    regular_file(path, "weights file", None)
     try:
-        return load_file(str(path))
+        weights = load_file(str(path))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
         raise NmtError(f"{path}: not a readable safetensors file "
                        f"({' '.join(str(e).split())[:160]})") from None
+    check_float_weights(weights, path)
+    return weights
 
 
 def load_torch_weights(path: Path) -> dict[str, torch.Tensor]:
     """A state dict saved with torch.save, read with ``weights_only=True``: tensors and plain
     containers only; anything else is refused with one line and never executed."""
+    regular_file(path, "weights file", None)
+    check_zip_sizes(path, "weights file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -83,6 +137,7 @@ def load_torch_weights(path: Path) -> dict[str, torch.Tensor]:
         raise NmtError(f"{path}: corrupt or truncated weights file ({msg})") from None
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise NmtError(f"{path}: not a state dict of tensors")
+    check_float_weights(data, path)
     return data
 
 

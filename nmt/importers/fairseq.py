@@ -25,7 +25,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
-from nmt.importers.common import named_errors, nmt_dictionary
+from nmt.importers.common import check_float_weights, named_errors, nmt_dictionary, regular_file
 from nmt.importers.fairseq_model import (FAIRSEQ_SPECIALS, NMT_FROM_FAIRSEQ,  # noqa: F401
                                          TRANSFORMER_ARCHS, nmt_rows)
 from nmt.importers.safe_pickle import load_foreign, plain
@@ -43,6 +43,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     state = ckpt["model"]
     if not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise NmtError(f"{path}: not a {WHAT} ('model' is not a tensor dictionary)")
+    check_float_weights(state, Path(path))
     cfg = ckpt.get("cfg") if isinstance(ckpt.get("cfg"), dict) else {}
     args = cfg.get("model") or ckpt.get("args")
     if not isinstance(args, dict):
@@ -127,7 +128,8 @@ def load_dictionary(path: Path) -> Dictionary:
     """A fairseq dict.LANG.txt: ``symbol count [#fairseq:overwrite]`` lines after the four
     implicit specials (<s>, <pad>, </s>, <unk>), madeupword padding included, as nmt's
     Dictionary (its specials first, then the same symbols in the same order)."""
-    p = check_readable(path, "fairseq dictionary", expected="a dict.LANG.txt file")
+    p = regular_file(check_readable(path, "fairseq dictionary", expected="a dict.LANG.txt file"),
+                     "fairseq dictionary")
     symbols, counts, overwrites = [], [], 0
     for lineno, line in enumerate(iter_lines(p), 1):
         line = line.rstrip()
@@ -262,14 +264,15 @@ def text_codec(dictionary: Dictionary, bpe_codes, sentencepiece, moses_lang: str
         from nmt.data.fairseq_subword import SubwordNmtBPE
         p = check_readable(bpe_codes, "BPE codes", expected="a subword-nmt codes file")
         try:
-            codes = p.read_text(encoding="utf-8")
+            codes = regular_file(p, "BPE codes file").read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError) as e:
             raise NmtError(f"{p}: not a BPE codes file ({e})") from None
         subword = named_errors(p, lambda: SubwordNmtBPE(codes, dictionary))
     elif sentencepiece is not None:
         from nmt.data.fairseq_subword import FairseqSentencePiece
         p = check_readable(sentencepiece, "sentencepiece model", expected="a .model file")
-        subword = named_errors(p, lambda: FairseqSentencePiece(p.read_bytes(), dictionary))
+        subword = named_errors(p, lambda: FairseqSentencePiece(
+            regular_file(p, "sentencepiece model").read_bytes(), dictionary))
     else:
         subword = Whitespace(dictionary)
     return TextCodec(subword, dictionary, moses_lang, moses_options)

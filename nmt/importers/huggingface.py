@@ -45,7 +45,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors,
+from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors, regular_file,
                                   load_torch_weights, named_errors, nmt_dictionary,
                                   permute_rows, read_json)
 from nmt.importers.hf_positions import KEYS as POSITION_KEYS, import_positions
@@ -112,7 +112,8 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     state = {**convert_weights(weights, cfg, order, specials, str(d)), **positions}
     if "output_bias" not in state:
         cfg = _replace(cfg, output_bias=False)
-    spm = {side: read_model_bytes(d / f"{side}.spm", f"the {side} sentencepiece model")
+    spm = {side: read_model_bytes(regular_file(d / f"{side}.spm", f"{side} sentencepiece model"),
+                                  f"the {side} sentencepiece model")
            for side in ("source", "target")}
     codecs = [TextCodec(named_errors(d / f"{side}.spm",
                                lambda side=side: SentencePieceVocab(spm[side], dictionary)),

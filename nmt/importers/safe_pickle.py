@@ -29,6 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from nmt.errors import NmtError
+from nmt.importers.common import check_zip_sizes, regular_file
 from nmt.io import check_readable
 
 # Globals replaced by stand-ins: exact names, and module prefixes (configuration classes only).
@@ -139,7 +140,8 @@ def load_foreign(path: str | os.PathLike, what: str) -> Any:
     """The object a foreign torch checkpoint holds, stand-ins in place of configuration
     classes (turn them into plain data with :func:`plain`). Every failure is a one-line
     NmtError; a file naming any other global is refused and nothing of it is executed."""
-    p = check_readable(path, what, expected=f"a {what}")
+    p = regular_file(check_readable(path, what, expected=f"a {what}"), what, None)
+    check_zip_sizes(p, what)
     if p.stat().st_size == 0:
         raise NmtError(f"{p}: empty file, not a {what}")
     with open(p, "rb") as f:
