@@ -166,8 +166,8 @@ def test_what_cannot_be_sharded_is_one_line(f, tmp_path, how, words):
     args = [*GENERATE, f["ckpt"], *(("-o", str(out)) if out else ()), *extra]
     r = subprocess.run(args if how == "stdin" else [*args, "-i", f["in"]], input="a b\n",
                        capture_output=True, text=True, env=env, timeout=180)
-    error_line("nmt-generate", r.returncode, r.stderr, "under torchrun" if how != "workers"
-               else "", words)
+    error_line("nmt-generate", r.returncode, r.stderr,
+               *(["under torchrun"] if how != "workers" else []), words)
     assert r.returncode == 2 and r.stdout == ""
     assert list(tmp_path.iterdir()) == []
 

@@ -192,6 +192,8 @@ def test_with_a_prefix_and_the_controls(ckpt):
         ids = r.hypotheses[0].ids
         assert r.text.startswith("w7 w8") and len(ids) - 1 >= 4
         assert all(contains(ids, c) for c in cs)
+        grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 1 - 2)]    # eos left out
+        assert len(grams) == len(set(grams)), (r.text, ids)       # no 3-gram twice
 
 
 def test_refused_in_one_line(ckpt):
