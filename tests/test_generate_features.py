@@ -344,3 +344,33 @@ def test_an_ensemble_says_whose_preset_it_decodes_with(tmp_path):
     assert "lenpen 1.5 (uses 0.6)" in r.stderr
     r = gen(a, b, "--beam", 3, "--lenpen", 1.0, stdin="w1 w2\n")
     assert "decodes with the preset" not in r.stderr
+
+
+def test_jsonl_output_reads_back_as_input(ckpt, tmp_path):
+    """The fields nmt-generate writes ("id", "translation", scores, ...) were refused as
+    unknown when its output was fed back; they are ignored, and the line translates again."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"source": "w1 w2"}\n{"source": "w3", "prefix": "w4"}\n')
+    first = gen(ckpt, "-i", src, "--input-format", "jsonl", "--output-format", "jsonl").stdout
+    again = tmp_path / "again.jsonl"
+    again.write_text(first)
+    assert gen(ckpt, "-i", again, "--input-format", "jsonl",
+               "--output-format", "jsonl").stdout == first
+
+
+def test_output_dev_stdout_into_a_pipe(ckpt, tmp_path):
+    """--output /dev/stdout with stdout a pipe: written through (its link's target, pipe:[N],
+    was taken for a path)."""
+    import subprocess
+
+    src = write(tmp_path / "in.txt", ["w1 w2", "w3"])
+    p = subprocess.run(f"nmt-generate -q {ckpt} -i {src} --output /dev/stdout | cat",
+                       shell=True, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == ""
+    assert p.stdout == gen(ckpt, "-i", src).stdout
+
+
+def test_a_json_error_reads_well(ckpt):
+    r = gen(ckpt, "--input-format", "jsonl", stdin='{"source": "a\tb"}\n', ok=False)
+    one_line_error(r, "Invalid control character at character")
+    assert "at at" not in r.stderr

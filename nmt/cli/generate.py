@@ -75,6 +75,10 @@ def check_output(cfg: GenerateConfig) -> GenerateConfig:
         if sys.stdout is None:
             raise UsageError("stdout is closed: give --output FILE")
         return cfg
+    if is_stream(out):
+        # a FIFO or a device (/dev/stdout, whatever stdout is): written through as named;
+        # its link's target (pipe:[N] for a pipe) is no path
+        return cfg
     real = os.path.realpath(out)
     if os.path.isdir(real):
         raise UsageError(f"--output {out} is a directory: give the file to write")

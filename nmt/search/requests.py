@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from nmt.errors import NmtError, suggest
 
 FIELDS = ("source", "prefix", "target")          # the string fields; and "constraints"
+# What nmt-generate's jsonl output adds to a line: read back as input, they are ignored (an
+# output line, "source" and all, translates again).
+OUTPUT_FIELDS = ("id", "translation", "score", "tokens", "token_scores", "truncated", "nbest",
+                 "alignment", "alignment_subwords")
 _JSON_TYPES = {dict: "an object", list: "a list", int: "a number", float: "a number",
                bool: "true/false", type(None): "null", str: "a string"}
 
@@ -53,7 +57,8 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise NmtError(f"{where}: not JSON ({e.msg} at character {e.pos + 1}); "
+        msg = e.msg.removesuffix(" at")       # "Invalid control character at"
+        raise NmtError(f"{where}: not JSON ({msg} at character {e.pos + 1}); "
                        f"--input-format jsonl reads one object per line") from None
     except RecursionError:
         # Python's parser recurses per bracket: ~1000 nested ones exceed its stack.
@@ -64,7 +69,7 @@ def parse_request(line: str, lineno: int, name: str = "<stdin>") -> Request:
     if "source" not in obj:
         raise NmtError(f"{where}: no \"source\" (the object has "
                        f"{', '.join(map(repr, obj)) or 'no keys'})")
-    unknown = [k for k in obj if k not in (*FIELDS, "constraints")]
+    unknown = [k for k in obj if k not in (*FIELDS, "constraints", *OUTPUT_FIELDS)]
     if unknown:
         # a misspelt "constraint" or "prefx" would drop what the line asks for
         raise NmtError(f"{where}: unknown field {unknown[0]!r}"

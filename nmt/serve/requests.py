@@ -78,7 +78,8 @@ def parse_json(body: bytes) -> dict:
     try:
         obj = json.loads(text, parse_constant=_no_constant)    # refuse NaN and Infinity
     except json.JSONDecodeError as e:
-        raise RequestError(400, f"the body is not JSON ({e.msg} at character {e.pos + 1})"
+        msg = e.msg.removesuffix(" at")       # "Invalid control character at"
+        raise RequestError(400, f"the body is not JSON ({msg} at character {e.pos + 1})"
                            ) from None
     except ValueError as e:
         raise RequestError(400, f"the body is not JSON ({e})") from None
