@@ -572,13 +572,25 @@ def test_min_len_goes_to_transformers_and_back():
 
 
 def test_null_generation_settings_are_transformers_defaults(marian, tmp_path):
-    """{"max_length": null, "num_beams": null}: transformers' defaults (20, 1), as absent."""
+    """{"max_length": null, "num_beams": null}: transformers' defaults, as absent: greedy, and
+    20 new tokens, the forced eos among them (nmt took max_length 20 with the start symbol
+    counted: one token fewer than transformers generates)."""
     d = copy_marian(marian, tmp_path / "nulls")
     (d / "generation_config.json").write_text(json.dumps({"max_length": None,
                                                           "num_beams": None}))
     cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "m.pt")
     cfg = load_checkpoint(tmp_path / "m.pt")["model_config"]
-    assert (cfg["beam"], cfg["max_len_a"], cfg["max_len_b"]) == (1, 0.0, 18)
+    assert (cfg["beam"], cfg["max_len_a"], cfg["max_len_b"]) == (1, 0.0, 19)
+    # what transformers itself generates with these settings: 19 tokens, then the eos
+    model = MarianMTModel.from_pretrained(d).eval()
+    x = torch.randint(2, 60, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        y = model.generate(input_ids=x, do_sample=False,
+                           decoder_start_token_id=model.config.decoder_start_token_id,
+                           eos_token_id=model.config.eos_token_id,
+                           pad_token_id=model.config.pad_token_id,
+                           forced_eos_token_id=model.config.eos_token_id)
+    assert y.size(1) - 1 == cfg["max_len_b"] + 1    # the longest: its tokens and the eos
 
 
 def test_an_imported_marian_models_ctranslate2_export_tokenizes_as_nmt(marian, imported,

@@ -24,7 +24,8 @@ How a Marian model maps onto nmt's Transformer (nmt.config.ModelConfig):
 - decoding starts from ``decoder_start_token_id`` (<pad> for OPUS-MT); the checkpoint's preset
   decoding is transformers': ``num_beams``, ``length_penalty`` with the ``hf`` formula (or
   ``fairseq`` when ``early_stopping`` is true, which is that rule), ``max_length`` as
-  ``max_len_b = max_length - 2`` (the start symbol and the forced eos take two);
+  ``max_len_b = max_length - 2`` (the start symbol and the forced eos take two), or
+  ``max_new_tokens - 1``, or 19 when neither is set (transformers' 20 new tokens);
 - text: MarianTokenizer's pipeline (nmt.data.subword.SentencePieceVocab): source.spm pieces
   looked up in vocab.json, target pieces joined by target.spm.
 
@@ -186,6 +187,9 @@ def _special_ids(symbols: list[str], config: dict, tok: dict, d: Path) -> dict[i
     return out
 
 
+DEFAULT_NEW_TOKENS = 20     # what transformers' generate() adds when no length is configured
+
+
 def _read_weights(d: Path) -> dict[str, torch.Tensor]:
     if (d / "model.safetensors").exists():
         weights = load_safetensors(d / "model.safetensors")
@@ -325,8 +329,12 @@ def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[st
 
     if gen.get("max_new_tokens") is not None:
         max_len_b = setting("max_new_tokens", 0, True) - 1
-    else:
+    elif gen.get("max_length") is not None:
         max_len_b = setting("max_length", 20, True) - 2
+    else:
+        # Neither set: transformers 5 generates 20 new tokens (the forced eos among them),
+        # not max_length 20 with the start symbol counted
+        max_len_b = DEFAULT_NEW_TOKENS - 1
     ignored = [f"{k}={gen[k]!r}" for k, neutral in NEUTRAL_GENERATION.items()
                if gen.get(k) not in (None, neutral)]
     banned = {specials[PAD]} | ({specials[BOS]} if BOS in specials else set())
