@@ -140,7 +140,8 @@ def test_a_rerun_that_differs_is_refused_and_overwrite_starts_afresh(f, tmp_path
     assert _journal(out).read_bytes() == journal and not out.exists()
     _run(f, out, "-q", "--beam", "2", "--overwrite")
     assert out.read_bytes() == _reference(f, "--beam", "2")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "other.pt", "out.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.txt.nmt-written", "in.txt",
+                                                          "other.pt", "out.txt"]
 
 
 def test_a_changed_input_file_is_refused(f, tmp_path):

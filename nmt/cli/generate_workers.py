@@ -43,6 +43,7 @@ def _worker(spec: WorkerSpec, tasks, results) -> None:
 
     # Ctrl-C reaches the whole process group: the parent decides what happens, and ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     try:
         import torch
 
@@ -63,6 +64,28 @@ def _worker(spec: WorkerSpec, tasks, results) -> None:
         results.put(("error", str(e)))
     except Exception as e:  # noqa: BLE001 - reported by the parent as one line
         results.put(("error", f"internal error in a worker: {type(e).__name__}: {e}"))
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this worker when its parent dies (kill -9 of
+    nmt-generate): without it the worker translated its chunk on for seconds, for nobody.
+    Elsewhere _next_task's check ends it between chunks."""
+    import ctypes
+    import multiprocessing
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)              # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():     # it died before the prctl
+        os._exit(1)
 
 
 def _next_task(tasks):
