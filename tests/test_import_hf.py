@@ -619,21 +619,13 @@ def test_an_imported_marian_models_ctranslate2_export_tokenizes_as_nmt(marian, i
     assert module.from_pieces([tgt.dictionary[i] for i in with_unk]) == tgt.decode(with_unk)
 
 
-def _copy_marian(src: Path, d: Path) -> Path:
-    d.mkdir()
-    for f in src.iterdir():
-        if f.is_file():
-            (d / f.name).write_bytes(f.read_bytes())
-    return d
-
-
 @pytest.mark.parametrize("name, target", [("vocab.json", "/dev/zero"),
                                           ("source.spm", "/dev/urandom"),
                                           ("config.json", "fifo")])
 def test_devices_and_fifos_are_refused_before_reading(marian, tmp_path, name, target):
     """A symlink to /dev/zero or /dev/urandom grew the import to gigabytes before an error;
     a FIFO hung it forever. Regular files only, checked before a byte is read."""
-    d = _copy_marian(marian[0], tmp_path / "m")
+    d = copy_marian(marian, tmp_path / "m")
     (d / name).unlink()
     if target == "fifo":
         os.mkfifo(d / name)
@@ -648,7 +640,7 @@ def test_integer_weights_are_refused_by_name(marian, tmp_path):
     """A weight stored as I32 was cast to float silently (values up to 1.2e9, exit 0)."""
     from safetensors.torch import load_file, save_file
 
-    d = _copy_marian(marian[0], tmp_path / "m")
+    d = copy_marian(marian, tmp_path / "m")
     path = d / "model.safetensors"
     if not path.exists():
         pytest.skip("the fixture saved pytorch_model.bin")
@@ -659,3 +651,15 @@ def test_integer_weights_are_refused_by_name(marian, tmp_path):
     r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "x.pt", ok=False)
     line = one_line_error(r, "nmt-import")
     assert "not floating point" in line and key in line and "torch.int32" in line
+
+
+@pytest.mark.parametrize("value", ["lots", True, 1.5, None])
+def test_a_dropout_that_is_not_a_probability_is_one_line(marian, tmp_path, value):
+    """config.json's dropout "lots" was an internal error."""
+    d = copy_marian(marian, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["dropout"] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "x.pt", ok=False)
+    line = one_line_error(r, "nmt-import")
+    assert "dropout is" in line and "not a probability" in line

@@ -80,6 +80,15 @@ def check_float_weights(weights: Mapping[str, torch.Tensor], path: Path) -> None
         raise NmtError(f"{path}: weights that are not floating point: {shown}{more}")
 
 
+def probability(value, key: str, where: str) -> float:
+    """A dropout rate from a foreign configuration: a number in [0, 1], else a one-line
+    NmtError naming ``key`` in ``where`` (a rate of "lots" was an internal error)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise NmtError(f"{where}: cannot import: {key} is {value!r}, not a probability "
+                       f"between 0 and 1")
+    return float(value)
+
+
 def read_json(path: Path, what: str) -> dict:
     """A JSON object from ``path``; one-line NmtError when missing or malformed."""
     regular_file(path, what)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from nmt.errors import NmtError
-from nmt.importers.common import permute_rows
+from nmt.importers.common import permute_rows, probability
 from nmt.specials import BOS, EOS, PAD, UNK
 
 # fairseq's transformer family: one model class, these presets (same modules, other sizes).
@@ -107,14 +107,18 @@ def model_fields(args: Mapping[str, Any]) -> dict:
     if learned and src_pos != tgt_pos:
         raise refuse(f"max_source_positions={src_pos}, max_target_positions={tgt_pos}",
                      "learned position tables of different sizes")
-    dropout = float(args.get("dropout", 0.1))
+    where = "the fairseq checkpoint"
+    dropout = probability(args.get("dropout", 0.1), "dropout", where)
     return dict(
         arch=f"fairseq_{arch}", encoder_layers=int(args["encoder_layers"]),
         decoder_layers=int(args["decoder_layers"]), d_model=int(d),
         d_ff=int(args["encoder_ffn_embed_dim"]), heads=int(args["encoder_attention_heads"]),
-        dropout=dropout, attention_dropout=float(args.get("attention_dropout") or 0.0),
-        activation_dropout=float(args.get("activation_dropout")
-                                 or args.get("relu_dropout") or 0.0),
+        dropout=dropout,
+        attention_dropout=probability(args.get("attention_dropout") or 0.0, "attention_dropout",
+                                      where),
+        activation_dropout=probability(args.get("activation_dropout")
+                                       or args.get("relu_dropout") or 0.0, "activation_dropout",
+                                       where),
         label_smoothing=float(args.get("label_smoothing", 0.1) or 0.0),
         positional="learned" if learned else "sinusoidal", sinusoid_layout="fairseq",
         position_offset=2,       # fairseq: positions start after padding_idx (1)

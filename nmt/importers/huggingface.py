@@ -46,9 +46,9 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors, regular_file,
+from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors,
                                   load_torch_weights, named_errors, nmt_dictionary,
-                                  permute_rows, read_json)
+                                  permute_rows, probability, read_json, regular_file)
 from nmt.importers.hf_positions import KEYS as POSITION_KEYS, import_positions
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
@@ -299,8 +299,9 @@ def marian_config(config: dict, gen: dict, specials: dict[int, int], name: str) 
         arch="marian", encoder_layers=size["encoder_layers"],
         decoder_layers=size["decoder_layers"], d_model=size["d_model"],
         d_ff=size["encoder_ffn_dim"], heads=size["encoder_attention_heads"],
-        dropout=float(c["dropout"]), attention_dropout=float(c["attention_dropout"]),
-        activation_dropout=float(c["activation_dropout"]), positional="sinusoidal",
+        **{k: probability(c[k], k, name)
+           for k in ("dropout", "attention_dropout", "activation_dropout")},
+        positional="sinusoidal",
         max_positions=size["max_position_embeddings"], pre_norm=False,
         activation=ACTIVATIONS[act], scale_embedding=bool(c["scale_embedding"]),
         sinusoid_layout="marian", output_bias=True,
