@@ -126,8 +126,7 @@ def test_a_rerun_that_differs_is_refused_and_overwrite_starts_afresh(f, tmp_path
     moved = tmp_path / "in.txt"
     moved.write_bytes(open(f["in"], "rb").read())
     for extra, named in [(("--beam", "2"), "with --beam unset (now 2)"),
-                         (("--sampling",), "with no --sampling (now --sampling)"),
-                         (("--buffer-size", "10"), "with --buffer-size 20 (now 10)")]:
+                         (("--sampling",), "with no --sampling (now --sampling)")]:
         r = _run(f, out, *extra, ok=False)
         error_line("nmt-generate", r.returncode, r.stderr, named, "rerun that command to "
                    "resume it, or add --overwrite to start afresh")
@@ -280,3 +279,17 @@ def test_a_journal_that_disagrees_is_refused(f, tmp_path, change):
         (tmp_path / "fresh.txt").read_bytes()
     assert out.read_bytes() == want
     assert len(want.splitlines()) == len(src.read_bytes().splitlines())
+
+
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
+def test_another_buffer_size_resumes_unless_the_output_depends_on_it(f, tmp_path):
+    """--buffer-size changes beam search's output nowhere: a resume with another one goes on
+    (it was refused); with sampling, whose draws follow the chunks, it is still refused."""
+    out = tmp_path / "out.txt"
+    _stop_after(f, out, 20, signal.SIGKILL)
+    _run(f, out, "-q", "--buffer-size", "7")
+    assert out.read_bytes() == _reference(f)
+    out = tmp_path / "sampled.txt"
+    _stop_after(f, out, 20, signal.SIGKILL, "--sampling", "--seed", "5")
+    r = _run(f, out, "--sampling", "--seed", "5", "--buffer-size", "10", ok=False)
+    error_line("nmt-generate", r.returncode, r.stderr, "with --buffer-size 20 (now 10)")

@@ -81,12 +81,21 @@ def _share(shard) -> str:
         else "of one process"
 
 
+def _chunked(options: dict) -> bool:
+    """Whether a run's output depends on its chunks (--buffer-size): sampling's random
+    stream follows them, and int8's activation scales are per batch; beam search's output
+    does not."""
+    return bool(options.get("sampling")) or options.get("precision") == "int8"
+
+
 def difference(old: dict, new: dict) -> str | None:
     """The first thing that differs between two identities, in words; None if none does."""
     if old.get("shard") != new.get("shard"):          # nmt.cli.generate_shards
         return f"share {_share(old.get('shard'))} (now {_share(new.get('shard'))})"
     o, n = old.get("options", {}), new["options"]
     for key in sorted(set(o) | set(n)):
+        if key == "buffer_size" and not (_chunked(o) or _chunked(n)):
+            continue
         if o.get(key) != n.get(key):
             return _option_change(_flag(key), o.get(key), n.get(key))
     for what in ("checkpoints", "input"):
