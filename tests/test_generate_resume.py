@@ -244,7 +244,7 @@ def _tamper(path, **changes):
     return state
 
 
-@pytest.mark.parametrize("change", ["skip", "repeat", "huge", "edited input"])
+@pytest.mark.parametrize("change", ["skip", "repeat", "huge", "edited input", "identity"])
 def test_a_journal_that_disagrees_is_refused(f, tmp_path, change):
     """Lines skipped or repeated, input_lines 10^9 with output_bytes 0, an input edited in
     place with its size and modification time restored: each gave a wrong file with exit 0;
@@ -264,6 +264,8 @@ def test_a_journal_that_disagrees_is_refused(f, tmp_path, change):
         _tamper(_journal(out), input_lines=state["input_lines"] - 20)
     elif change == "huge":
         _tamper(_journal(out), input_lines=10**9, output_bytes=0, output_lines=0)
+    elif change == "identity":      # was an internal error
+        _tamper(_journal(out), identity={"options": "garbage"})
     else:                           # a word of a translated line changed, size and time kept
         st = os.stat(src)
         data = bytearray(src.read_bytes())

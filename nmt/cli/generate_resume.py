@@ -172,7 +172,9 @@ class ResumableOutput:
                 isinstance(state.get(k), int) and not isinstance(state[k], bool)
                 and state[k] >= 0
                 for k in ("input_lines", "input_bytes", "output_bytes", "output_lines")
-            ) and isinstance(state.get("input_sha256"), str)
+            ) and isinstance(state.get("input_sha256"), str) and isinstance(
+                state.get("identity"), dict) and isinstance(
+                state["identity"].get("options", {}), dict)
         except (ValueError, AttributeError):
             ok = False
         if not ok:

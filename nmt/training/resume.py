@@ -146,7 +146,13 @@ def restore(ck: Mapping[str, Any], model, trainer, selection, rank: int,
     selection.load_state_dict(prog.get("selection"), prog.get("best_loss"))
     ranks = ck["rng"]["ranks"]
     if len(ranks) == world_size:
-        set_rng_state(ranks[rank])
+        try:
+            set_rng_state(ranks[rank])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError,
+                RuntimeError) as e:
+            raise NmtError(f"the checkpoint's random-number state is damaged ("
+                           f"{type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                           f"{HOW_TO_RESTART}") from None
 
 
 def check_same_parent(ck: Mapping[str, Any], path: Path, init_from: str) -> None:
