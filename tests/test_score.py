@@ -276,3 +276,20 @@ def test_a_bom_is_dropped_with_a_warning(tmp_path):
     r = cli("-r", ref, "-i", hyp, "-m", "bleu", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["score"] == 100.0
     assert f"{ref}: dropped the UTF-8 byte-order mark" in r.stderr.decode()
+
+
+def test_jsonl_hypotheses_are_warned_about(tmp_path):
+    """nmt-generate's jsonl output given as --hyp was scored as text (BLEU near 0) without a
+    word; it is still scored as given, with a warning that says what to do."""
+    ref = tmp_path / "ref.txt"
+    ref.write_text("ein Hund läuft\n")
+    hyp = tmp_path / "hyp.jsonl"
+    hyp.write_text(json.dumps({"id": 0, "translation": "ein Hund läuft"}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "nmt.cli.score", "--ref", str(ref), "--hyp",
+                        str(hyp), "-m", "bleu"], capture_output=True, text=True)
+    assert r.returncode == 0 and "jsonl output" in r.stderr
+    plain = tmp_path / "hyp.txt"
+    plain.write_text("ein Hund läuft\n")
+    r = subprocess.run([sys.executable, "-m", "nmt.cli.score", "--ref", str(ref), "--hyp",
+                        str(plain), "-m", "bleu"], capture_output=True, text=True)
+    assert r.returncode == 0 and "jsonl" not in r.stderr

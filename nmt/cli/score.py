@@ -149,6 +149,22 @@ def _moses_languages() -> set[str]:
     return set(NonbreakingPrefixes().available_langs.values())
 
 
+def _warn_if_jsonl(hyps: list[str], name: str) -> None:
+    """Hypotheses that are nmt-generate's jsonl output (objects with a "translation") would be
+    scored as text, braces and all (BLEU near 0): say so."""
+    first = next((h for h in hyps if h.strip()), "")
+    if not first.lstrip().startswith("{"):
+        return
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        return
+    if isinstance(obj, dict) and "translation" in obj:
+        log.warning("%s: the hypotheses look like nmt-generate's jsonl output and are scored "
+                    "as text; write them with --output-format text (the default), or take "
+                    "each line's \"translation\"", name)
+
+
 @click.command(cls=Command, prog="nmt-score",
                context_settings={"help_option_names": ["-h", "--help"]})
 @config_options(ScoreConfig)
@@ -173,6 +189,7 @@ def main(verbose, quiet, **options):
                          f"table already; leave out {'--json' if cfg.as_json else '--sentence'}")
     ref_lines = [_read(r, "reference") for r in refs]
     hyps = _read(hyp, "hypothesis")
+    _warn_if_jsonl(hyps, hyp or "<stdin>")
     for r, lines in zip(refs, ref_lines):
         if len(lines) != len(hyps):
             raise NmtError(f"{hyp or '<stdin>'} has {len(hyps)} lines but {r} has {len(lines)}")
