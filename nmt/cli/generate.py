@@ -9,7 +9,6 @@ module reads, writes and reports progress.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -227,7 +226,7 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
         log.info("%d workers x %d thread(s)", workers, spec.threads)
         return None, (workers, spec)
     translator = build_translator(sources, cfg, device, precision)
-    _log_decoding(translator, cfg, precision)
+    _log_decoding(translator, cfg)
     if checkable:
         check_constraints(cfg.input_path, lambda: translator, cfg.buffer_size)
     return translator, None
@@ -325,17 +324,15 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
         if shard is not None:
             lock.callback(output_lock(shard_path(cfg.output_path, shard.rank,
                                                  shard.world)).release)
+        if shard is not None:
+            overwrite = overwrite and first_attempt()       # a restarted rank resumes
+        if not overwrite and _finished_before(cfg, identity):
+            lock.close()
+            return ALREADY_COMPLETE
         if shard is None:
             check_other_runs(cfg.output_path, 1, overwrite, remove=True)
             out = ResumableOutput(cfg.output_path, identity, overwrite)
-            if out.lines_done == 0 and not overwrite and _finished_before(cfg, identity):
-                lock.close()
-                return ALREADY_COMPLETE
         else:
-            overwrite = overwrite and first_attempt()       # a restarted rank resumes
-            if not overwrite and _finished_before(cfg, identity):
-                lock.close()
-                return ALREADY_COMPLETE
             check_other_runs(cfg.output_path, shard.world, overwrite, remove=shard.rank == 0)
             out = ShardOutput(cfg.output_path, identity, shard, overwrite)
     except BaseException:
@@ -346,11 +343,13 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
 
 
 def _finished_before(cfg: GenerateConfig, identity: dict) -> bool:
+    """--output holds what this run (its identity, already plain JSON data) wrote in full, and
+    no interrupted run has left anything beside it."""
     from nmt.cli.generate_shards import leftovers
     from nmt.io import written_record
 
     record = written_record(cfg.output_path)
-    return (record is not None and record.get("identity") == json.loads(json.dumps(identity))
+    return (record is not None and record.get("identity") == identity
             and not leftovers(Path(cfg.output_path)))
 
 
@@ -381,7 +380,7 @@ def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | N
             _translate_lines(translator, cfg, writer, quiet, pool=pool)
 
 
-def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> None:
+def _log_decoding(translator, cfg: GenerateConfig) -> None:
     s = translator.search
     if cfg.sampling:
         c = cfg.sampling_config
@@ -392,8 +391,7 @@ def _log_decoding(translator, cfg: GenerateConfig, precision: str = "fp32") -> N
         if s.formula != "gnmt":
             how += f" ({s.formula} formula)"
     log.info("%s, max length %g * source + %d, %d model(s) on %s, %s", how, s.max_len_a,
-             s.max_len_b, len(translator.ensemble), translator.device,
-             getattr(translator, "precision", precision))
+             s.max_len_b, len(translator.ensemble), translator.device, translator.precision)
     if translator.constraints is not None:
         log.info("tree constraints: every output is a well-formed linearized tree")
 

@@ -241,9 +241,17 @@ class ResumableOutput:
             f.write(json.dumps(state, indent=1) + "\n")
 
     def _check_whole(self) -> None:
-        why = _whole(self)
-        if why is not None:
-            raise NmtError(f"{self.path}: not written: {why}; add --overwrite to start afresh")
+        """The finished output (one process) is one result per input line, or NmtError."""
+        size = os.path.getsize(self.input_path)
+        if self.tally.bytes != size:
+            why = f"{self.tally.bytes} of the input's {size} bytes translated"
+        elif self.lines_done != self.tally.lines():
+            why = f"{self.lines_done} lines translated, the input has {self.tally.lines()}"
+        elif self.output_lines != self.lines_done * self.per_line:
+            why = f"{self.output_lines} output lines for {self.lines_done} input lines"
+        else:
+            return
+        raise NmtError(f"{self.path}: not written: {why}; add --overwrite to start afresh")
 
     def stopped(self) -> str:
         """What an interrupted run leaves, for its last message."""
@@ -283,18 +291,6 @@ class ResumableOutput:
                 mark_written(self.path, self.identity)
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write ({e.strerror or e})") from None
-
-
-def _whole(out: "ResumableOutput") -> str | None:
-    """Why the finished output of ``out`` (one process) is not one result per input line."""
-    size = os.path.getsize(out.input_path)
-    if out.tally.bytes != size:
-        return f"{out.tally.bytes} of the input's {size} bytes translated"
-    if out.lines_done != out.tally.lines():
-        return f"{out.lines_done} lines translated, the input has {out.tally.lines()}"
-    if out.output_lines != out.lines_done * out.per_line:
-        return f"{out.output_lines} output lines for {out.lines_done} input lines"
-    return None
 
 
 __all__ = ["ResumableOutput", "output_lock", "run_identity", "difference"]
