@@ -67,10 +67,11 @@ def greedy_search(model, src_tokens: Tensor, cfg, max_len: Tensor) -> list[list[
         best, lp, scores = _choose(probs, scores)
         tokens[:, step + 1] = best[:, 0]
         tok_scores[:, step] = lp[:, 0]
-        ended = best[:, 0].eq(EOS) | ~torch.isfinite(scores[:, 0])   # eos, or probability 0
+        is_eos, finite = best[:, 0].eq(EOS), torch.isfinite(scores[:, 0])
+        ended = is_eos | ~finite                                     # eos, or probability 0
         if not bool(ended.any()):
             continue
-        fin = (best[:, 0].eq(EOS) & torch.isfinite(scores[:, 0])).nonzero().squeeze(1)
+        fin = (is_eos & finite).nonzero().squeeze(1)
         if fin.numel():
             norm = scores[fin, 0] / length_penalty(step + 1, *penalty)
             for i, s, toks, ts in zip(sent[fin].tolist(), norm.tolist(),
