@@ -121,7 +121,7 @@ def test_model_with_loss_takes_the_fused_path_with_the_same_gradients(output_bia
     for fused in (True, False):
         model = _model(output_bias)
         crit = ModelWithLoss(model, 0.1, pad_idx=0, loss_chunk=4 if fused else 0)
-        loss, nll = crit(*_batch())
+        loss, nll, _ = crit(*_batch())
         loss.backward()
         results.append((loss.item(), nll.item(),
                         {k: p.grad.clone() for k, p in model.named_parameters()}))
@@ -138,7 +138,7 @@ def test_autocast_keeps_the_unfused_path(monkeypatch):
                         lambda *a, **k: pytest.fail("fused under autocast"))
     crit = ModelWithLoss(_model(False), 0.1, pad_idx=0, loss_chunk=4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = crit(*_batch())
+        loss, _, _ = crit(*_batch())
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
 
 

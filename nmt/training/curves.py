@@ -62,7 +62,7 @@ class JsonlLog:
 
 # What each kind of train_log.jsonl record sends to TensorBoard, as the tag KIND/KEY.
 TENSORBOARD_KEYS = {
-    "train": ("loss", "nll_loss", "ppl", "lr", "gnorm", "tgt_tokens_per_s"),
+    "train": ("loss", "nll_loss", "ppl", "rdrop_kl", "lr", "gnorm", "tgt_tokens_per_s"),
     "valid": ("loss", "nll_loss", "ppl", *DECODING_METRICS),
 }
 TENSORBOARD_HINT = "pip install 'nmt[tensorboard]' or pip install tensorboard"

@@ -165,12 +165,32 @@ def linear_smoothed_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None
                                              torch.is_grad_enabled())
 
 
+def rdrop_loss(lprobs: Tensor, target: Tensor, epsilon: float,
+               alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+    """R-Drop (Liang et al. 2021, eq. 3) from the log-probabilities of two passes of one batch
+    with different dropout masks: ``lprobs`` [2N, V], the first pass in rows :N, the second in
+    N:, both against ``target`` [N].
+
+    Per target token their loss is CE_1 + CE_2 + alpha * (KL(P_1||P_2) + KL(P_2||P_1)) / 2
+    (CE: the label-smoothed cross entropy). Returned are half of its sum, so that the loss and
+    nll read per token as a single pass's and alpha keeps the paper's meaning (Adam does not
+    see the factor), half the summed nll of the two passes, and the summed symmetric KL term
+    (KL(P_1||P_2) + KL(P_2||P_1)) / 2, which both passes are trained towards lowering.
+    """
+    n = target.size(0)
+    loss, nll = label_smoothed_nll_loss(lprobs, torch.cat([target, target]), epsilon)
+    lp1, lp2 = lprobs[:n], lprobs[n:]
+    # KL(P1||P2) + KL(P2||P1) = sum_v p1 (log p1 - log p2) + p2 (log p2 - log p1)
+    kl = 0.5 * ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum()
+    return 0.5 * (loss + alpha * kl), 0.5 * nll.detach(), kl.detach()
+
+
 class ModelWithLoss(torch.nn.Module):
     """The model and its loss in one forward, so that DistributedDataParallel sees every use of
     the (tied) output projection inside ``forward``."""
 
     def __init__(self, model: torch.nn.Module, epsilon: float, pad_idx: int = 0,
-                 loss_chunk: int = 0):
+                 loss_chunk: int = 0, rdrop_alpha: float = 0.0):
         super().__init__()
         self.model = model
         self.epsilon = epsilon
@@ -178,6 +198,8 @@ class ModelWithLoss(torch.nn.Module):
         # > 0: linear_smoothed_cross_entropy with chunks of this many tokens, where it applies
         # (nmt-train --loss-chunk)
         self.loss_chunk = loss_chunk
+        # > 0: R-Drop in training (nmt-train --rdrop-alpha; see rdrop_loss)
+        self.rdrop_alpha = rdrop_alpha
 
     def _can_fuse(self, h: Tensor) -> bool:
         m = self.model
@@ -188,29 +210,48 @@ class ModelWithLoss(torch.nn.Module):
                 and not torch.is_autocast_enabled(h.device.type))
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, target: Tensor,
-                target_positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Returns (loss sum, nll sum) over the non-padding target tokens.
+                target_positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Returns (loss sum, nll sum, R-Drop KL sum) over the non-padding target tokens
+        (the KL sum is 0 unless R-Drop is on and the module is training).
 
         Only those positions are projected onto the vocabulary: the [*, V] projection and
         softmax dominate the decoder at small d_model, and a bucketed batch still has padding.
         ``target_positions`` [N]: flat indices of the non-padding targets (from collate);
         derived from ``target`` when absent.
         """
-        hidden = self.model(src_tokens, prev_output_tokens, return_hidden=True)   # [B, T, D]
         if target_positions is None:
             target_positions = target.ne(self.pad_idx).flatten().nonzero().squeeze(1)
-        h = hidden.flatten(0, 1).index_select(0, target_positions)                # [N, D]
         tgt = target.flatten().index_select(0, target_positions)                  # [N]
+        if self.rdrop_alpha > 0 and self.training:
+            return self._rdrop(src_tokens, prev_output_tokens, target_positions, tgt)
+        hidden = self.model(src_tokens, prev_output_tokens, return_hidden=True)   # [B, T, D]
+        h = hidden.flatten(0, 1).index_select(0, target_positions)                # [N, D]
+        no_kl = h.new_zeros((), dtype=torch.float32)
         if self.loss_chunk > 0 and self._can_fuse(h):
             # float32 without autocast: projection and loss chunk by chunk, no [N, V] arrays
-            return linear_smoothed_cross_entropy(h, self.model.projection_weight,
-                                                 self.model.output_bias, tgt, self.epsilon,
-                                                 self.loss_chunk)
+            return (*linear_smoothed_cross_entropy(h, self.model.projection_weight,
+                                                   self.model.output_bias, tgt, self.epsilon,
+                                                   self.loss_chunk), no_kl)
+        return (*smoothed_cross_entropy(self._logits(h), tgt, self.epsilon), no_kl)
+
+    def _logits(self, h: Tensor) -> Tensor:
         logits = self.model.output_projection(h)                                  # [N, V]
         # the loss in fp32 even under autocast: it sums thousands of tokens.
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        return smoothed_cross_entropy(logits, tgt, self.epsilon)
+        return logits
+
+    def _rdrop(self, src_tokens: Tensor, prev_output_tokens: Tensor, positions: Tensor,
+               tgt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """R-Drop: the batch twice in one forward (every row draws its own dropout masks),
+        then rdrop_loss on the two sets of log-probabilities."""
+        b, t = prev_output_tokens.shape
+        hidden = self.model(torch.cat([src_tokens, src_tokens]),
+                            torch.cat([prev_output_tokens, prev_output_tokens]),
+                            return_hidden=True)                                   # [2B, T, D]
+        h = hidden.flatten(0, 1).index_select(0, torch.cat([positions, positions + b * t]))
+        lprobs = torch.log_softmax(self._logits(h), dim=-1)                       # [2N, V]
+        return rdrop_loss(lprobs, tgt, self.epsilon, self.rdrop_alpha)
 
 
 def perplexity(nll_per_token_nats: float) -> float:

@@ -19,6 +19,7 @@ class Meter:
         self.loss: Any = 0.0
         self.nll: Any = 0.0
         self.gnorm: Any = 0.0
+        self.kl: Any = None      # R-Drop's KL term, when the run has one
         self.ntok = self.nsent = self.nsrc = self.updates = 0
         self.start = time.perf_counter()
 
@@ -26,6 +27,8 @@ class Meter:
         self.loss = self.loss + s.loss
         self.nll = self.nll + s.nll
         self.gnorm = self.gnorm + s.gnorm
+        if s.kl is not None:
+            self.kl = s.kl if self.kl is None else self.kl + s.kl
         self.ntok += s.ntokens
         self.nsent += s.nsentences
         self.nsrc += s.src_ntokens
@@ -35,11 +38,14 @@ class Meter:
         dt = max(time.perf_counter() - self.start, 1e-9)
         ntok = max(self.ntok, 1)
         nll = float(self.nll) / ntok
-        return {"loss": float(self.loss) / ntok, "nll_loss": nll,
-                "ppl": math.exp(min(nll, 700.0)),
-                "gnorm": float(self.gnorm) / max(self.updates, 1),
-                "tgt_tokens_per_s": self.ntok / dt, "src_tokens_per_s": self.nsrc / dt,
-                "updates_per_s": self.updates / dt, "sentences": self.nsent}
+        out = {"loss": float(self.loss) / ntok, "nll_loss": nll,
+               "ppl": math.exp(min(nll, 700.0)),
+               "gnorm": float(self.gnorm) / max(self.updates, 1),
+               "tgt_tokens_per_s": self.ntok / dt, "src_tokens_per_s": self.nsrc / dt,
+               "updates_per_s": self.updates / dt, "sentences": self.nsent}
+        if self.kl is not None:
+            out["rdrop_kl"] = float(self.kl) / ntok   # per target token, before alpha
+        return out
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

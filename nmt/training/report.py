@@ -25,13 +25,17 @@ def start(cfg: TrainConfig, arch: str, n_params: int, n_train: int, world_size: 
           num_updates: int) -> None:
     """The run's first line, and warnings about options that undo what they are for."""
     log.info("model %s: %d parameters; %d training pairs; %d ranks x %d max tokens x "
-             "update-freq %d; device %s, %s%s%s", arch, n_params, n_train, world_size,
+             "update-freq %d; device %s, %s%s%s%s", arch, n_params, n_train, world_size,
              cfg.max_tokens, cfg.update_freq, device, cfg.precision,
              "; fast dropout masks" if cfg.dropout_masks == "fast" else "",
-             f"; loss in chunks of {cfg.loss_chunk} tokens" if cfg.loss_chunk else "")
+             f"; loss in chunks of {cfg.loss_chunk} tokens" if cfg.loss_chunk else "",
+             f"; R-Drop alpha {cfg.rdrop_alpha:g}" if cfg.rdrop_alpha else "")
     if cfg.loss_chunk and cfg.precision != "fp32":
         log.warning("--loss-chunk applies to float32 training only; with --precision %s the "
                     "logits are computed whole", cfg.precision)
+    if cfg.loss_chunk and cfg.rdrop_alpha:
+        log.warning("--loss-chunk does not apply with --rdrop-alpha: R-Drop compares the two "
+                    "passes' whole output distributions, so the logits are computed whole")
     if cfg.max_update and cfg.max_update < cfg.warmup and num_updates < cfg.max_update:
         log.warning("--max-update %d ends the run before its warm-up of %d updates: the "
                     "learning rate never reaches its peak and the model will be undertrained; "
@@ -66,10 +70,11 @@ def train_line(summary: dict[str, float], lr: float, update: int, epoch: int, de
     for sink in sinks:
         sink.write(rec)
     s = summary
-    log.info("epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
+    log.info("epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f%s | lr %.3e | "
              "gnorm %.3f | %.0f tgt tok/s | %.2f upd/s | rss %.2f GB%s", epoch, update,
-             s["loss"], s["nll_loss"], s["ppl"], lr, s["gnorm"], s["tgt_tokens_per_s"],
-             s["updates_per_s"], mem["rss_gb"],
+             s["loss"], s["nll_loss"], s["ppl"],
+             f" | kl {s['rdrop_kl']:.4f}" if "rdrop_kl" in s else "", lr, s["gnorm"],
+             s["tgt_tokens_per_s"], s["updates_per_s"], mem["rss_gb"],
              f" | gpu {mem['gpu_max_gb']:.2f} GB" if "gpu_max_gb" in mem else "")
 
 

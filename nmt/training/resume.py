@@ -240,6 +240,7 @@ RUN_OPTIONS = {"warmup": "--warmup", "lr_scale": "--lr-scale", "lr_period": "--l
                "clip_norm": "--clip-norm", "seed": "--seed", "dropout_masks": "--dropout-masks",
                "max_tokens": "--max-tokens", "max_sentences": "--max-sentences",
                "update_freq": "--update-freq",
+               "rdrop_alpha": "--rdrop-alpha",
                # fp16's loss scaler is saved and restored only for fp16
                "precision": "--precision",
                # the end of a cosine or linear schedule; which checkpoint counts as best

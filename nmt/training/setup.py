@@ -100,7 +100,8 @@ def build_trainer(cfg: TrainConfig, model, model_cfg: ModelConfig, device,
     return Trainer(model, label_smoothing=model_cfg.label_smoothing, d_model=model_cfg.d_model,
                    schedule=schedule, optimizer=cfg.optimizer, weight_decay=cfg.weight_decay,
                    clip_norm=cfg.clip_norm, precision=cfg.precision, device=device,
-                   dist_info=info, loss_chunk=cfg.loss_chunk)
+                   dist_info=info, loss_chunk=cfg.loss_chunk,
+                   rdrop_alpha=cfg.rdrop_alpha)
 
 
 def train_batches(cfg: TrainConfig, data, data_dir: str, info: DistInfo,

@@ -39,6 +39,7 @@ class StepStats:
     skipped: bool            # not applied: no tokens, or a non-finite loss/gradient
     signals: StepSignals     # save/stop signals, raised when any rank raised them
     nonfinite: bool = False  # the loss or the gradient norm was NaN/inf (fp16: overflow)
+    kl: torch.Tensor | None = None   # R-Drop's symmetric KL term, summed (None: R-Drop off)
 
 
 class Trainer:
@@ -47,13 +48,16 @@ class Trainer:
                  schedule: ScheduleSpec | None = None, optimizer: str = "adam",
                  weight_decay: float = 0.0, clip_norm: float = 0.0, precision: str = "fp32",
                  device: torch.device | str = "cpu",
-                 dist_info: DistInfo | None = None, pad_idx: int = 0, loss_chunk: int = 0):
+                 dist_info: DistInfo | None = None, pad_idx: int = 0, loss_chunk: int = 0,
+                 rdrop_alpha: float = 0.0):
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
         dtype = precision_dtype(precision)   # that it can train here: TrainConfig.check
         self.precision = precision
         self.model = model.to(self.device)
-        self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx, loss_chunk)
+        self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx, loss_chunk,
+                                       rdrop_alpha)
+        self.rdrop = rdrop_alpha > 0
         self.wrapped: nn.Module = self.criterion
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -98,7 +102,8 @@ class Trainer:
         self.wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = self._forward_backward(batches)
-        loss_sum, nll_sum, counts, flags = self._reduce(sums, (signals or StepSignals()).to_floats())
+        loss_sum, nll_sum, kl_sum, counts, flags = self._reduce(
+            sums, (signals or StepSignals()).to_floats())
         ntok = counts[0]
         gnorm = self._normalise_and_clip(ntok)
         lr = self.schedule.prepare_step()
@@ -112,13 +117,16 @@ class Trainer:
         else:
             self.schedule.advance()
         return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, counts[1], counts[2], lr,
-                         skipped, StepSignals.from_floats(flags), nonfinite)
+                         skipped, StepSignals.from_floats(flags), nonfinite,
+                         kl_sum if self.rdrop else None)
 
     def _forward_backward(self, batches: Sequence[Batch | None]) -> tuple:
-        """Forward and backward over this rank's micro-batches; (loss, nll, ntok, nsent, nsrc)."""
+        """Forward and backward over this rank's micro-batches; (loss, nll, kl, ntok, nsent,
+        nsrc)."""
         # float64 sums: thousands of per-token losses over update_freq micro-batches.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        kl_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         ntok = nsent = nsrc = 0
         for i, batch in enumerate(batches):
             is_dummy = batch is None
@@ -129,33 +137,36 @@ class Trainer:
                     else contextlib.nullcontext())
             with sync:
                 with self._autocast():
-                    loss, nll = self.wrapped(b.src_tokens, b.prev_output_tokens, b.target,
-                                             b.target_positions)
+                    loss, nll, kl = self.wrapped(b.src_tokens, b.prev_output_tokens,
+                                                 b.target, b.target_positions)
                 if is_dummy:
-                    loss, nll = loss * 0.0, nll * 0.0
+                    loss, nll, kl = loss * 0.0, nll * 0.0, kl * 0.0
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
                 else:
                     loss.backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
+            kl_sum += kl.detach()
             ntok += b.ntokens
             nsent += b.nsentences
             nsrc += b.src_ntokens
-        return loss_sum, nll_sum, ntok, nsent, nsrc
+        return loss_sum, nll_sum, kl_sum, ntok, nsent, nsrc
 
     def _reduce(self, sums: tuple, flags: list[float]) -> tuple:
         """Sum the update's statistics and flags over the ranks in one small collective."""
-        loss_sum, nll_sum, ntok, nsent, nsrc = sums
+        loss_sum, nll_sum, kl_sum, ntok, nsent, nsrc = sums
         if not self.dist.enabled:
-            return loss_sum, nll_sum, (ntok, nsent, nsrc), flags
-        stats = torch.tensor([0.0, 0.0, ntok, nsent, nsrc, *flags], dtype=torch.float64,
+            return loss_sum, nll_sum, kl_sum, (ntok, nsent, nsrc), flags
+        stats = torch.tensor([0.0, 0.0, 0.0, ntok, nsent, nsrc, *flags], dtype=torch.float64,
                              device=self.device)
         stats[0] = loss_sum.double()
         stats[1] = nll_sum.double()
+        stats[2] = kl_sum.double()
         all_reduce_sum(stats, self.dist)
         vals = stats.tolist()
-        return stats[0], stats[1], (int(vals[2]), int(vals[3]), int(vals[4])), vals[5:]
+        return (stats[0], stats[1], stats[2], (int(vals[3]), int(vals[4]), int(vals[5])),
+                vals[6:])
 
     def _normalise_and_clip(self, ntok: int) -> torch.Tensor:
         """Gradients are sums over tokens: make them means over the update's tokens, clip;
@@ -197,8 +208,8 @@ class Trainer:
             return z, z, 0
         b = batch.to(self.device, non_blocking=True)
         with self._autocast():
-            loss, nll = self.criterion(b.src_tokens, b.prev_output_tokens, b.target,
-                                       b.target_positions)
+            loss, nll, _ = self.criterion(b.src_tokens, b.prev_output_tokens, b.target,
+                                          b.target_positions)
         return loss.float(), nll.float(), b.ntokens
 
     # --- state for checkpoints ------------------------------------------------------------------
