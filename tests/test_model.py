@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import nmt
 from nmt.config import ModelConfig, apply_overrides, parse_overrides
@@ -301,3 +302,26 @@ def test_cudnn_attention_is_switched_off_once_and_only_for_cuda(caplog):
         assert caplog.text.count("cuDNN attention switched off") == 1
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.parametrize("length", [1, 3, 15, 16, 17, 40])
+@pytest.mark.parametrize("group", [1, 4])
+def test_single_query_attention_equals_sdpa_on_every_path(length, group):
+    """Short keys take the padded softmax and the broadcast weighted sum, long ones the plain
+    softmax and the matrix product; with a padding mask, time-major (strided) keys as the
+    cache gives them, and several query rows sharing one key row."""
+    from nmt.models.layers import single_query_attention
+
+    g = torch.Generator().manual_seed(length * 10 + group)
+    n, h, dk = 6, 4, 16
+    q = torch.randn(n, h, group, dk, generator=g)
+    store = torch.randn(length, n, 2 * h * dk, generator=g)       # [L, N, keys | values]
+    k = store[..., :h * dk].view(length, n, h, dk).permute(1, 2, 0, 3)
+    v = store[..., h * dk:].view(length, n, h, dk).permute(1, 2, 0, 3)
+    mask = torch.rand(n, 1, 1, length, generator=g) > 0.3
+    mask[..., 0] = True
+    for m in (None, mask):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        got = single_query_attention(q, k, v, m)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
