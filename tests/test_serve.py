@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import re
 import signal
@@ -277,7 +278,7 @@ def test_bad_requests_get_a_4xx_and_a_one_line_reason(server, body, status, word
     assert words in reason, reason
 
 
-def test_size_limit_without_a_declared_length_wrong_method_and_path(server):
+def test_size_limit_without_a_declared_length_wrong_method_and_path(server, ckpt, tmp_path):
     status, answer = raw(server.url, "POST", "/translate",
                          json.dumps({"text": ["w1 " * 1500]}).encode(), chunked=True)
     assert status == 413 and "passes 4000 bytes" in json.loads(answer)["error"]
@@ -287,8 +288,8 @@ def test_size_limit_without_a_declared_length_wrong_method_and_path(server):
     assert status == 404 and "no such path /nowhere" in json.loads(answer)["error"]
     assert get(server.url + "/health") == (200, {"status": "ok"})
     assert get(server.url + "/ready") == (200, {"status": "ready", "models": ["tiny"]})
-    # after all of that, the server still translates
-    assert translate(server.url, text=["w1 w2"]) == translate(server.url, text=["w1 w2"])
+    # after all of that, the server still translates, as nmt-generate does
+    assert translate(server.url, text=["w1 w2"]) == generate(ckpt, tmp_path, ["w1 w2"])
 
 
 def test_a_405_names_the_allowed_method(server):
@@ -594,3 +595,187 @@ def test_a_failed_decoding_thread_fails_every_request_and_readiness(ckpt):
     with pytest.raises(Stopping, match="its decoding thread failed"):
         batcher.submit(translator.search, ids, ["w1 w2"])
     batcher.stop(10)
+
+    # ... and /ready says so: 503 "failed", naming the model (the application itself, called
+    # as the server calls it, on models whose batcher is this broken one)
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from nmt.serve.app import create_app
+    from nmt.serve.config import ServeConfig
+    from nmt.serve.models import Models, ServedModel
+
+    models = Models([], ServeConfig())
+    models.specs = [SimpleNamespace(name="tiny", path=str(ckpt))]
+    models.loaded["tiny"] = ServedModel("tiny", str(ckpt), translator, batcher, 30)
+    models.ready = threading.Event()
+    models.ready.set()
+    sent = []
+
+    async def call():
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+        scope = {"type": "http", "method": "GET", "path": "/ready", "headers": [],
+                 "query_string": b"", "root_path": "", "scheme": "http",
+                 "server": ("127.0.0.1", 80), "http_version": "1.1"}
+        await create_app(models, ServeConfig())(scope, receive, send)
+
+    asyncio.run(call())
+    assert sent[0]["status"] == 503
+    assert json.loads(sent[1]["body"]) == {"status": "failed", "models": ["tiny"],
+                                           "failed": ["tiny"]}
+
+
+# --- hostile or careless clients: long requests, departures, stalls, shutdown ---------------
+
+LONG = {"beam": 8, "max_len_b": 300, "min_len": 250}      # every hypothesis runs 250+ steps
+
+
+def send_raw(url: str, fields: dict):
+    """POST /translate on a socket of its own, without reading the answer: the socket."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(fields).encode()
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def answered(sock) -> bytes:
+    """What the server has sent on ``sock`` so far (b"" when nothing yet)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536)
+    except BlockingIOError:
+        return b""
+    finally:
+        sock.setblocking(True)
+
+
+def read_answer(sock, timeout: float) -> tuple[int, dict]:
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_requests_take_turns_and_a_departed_client_costs_nothing_more(ckpt, tmp_path):
+    """A request of 100 long sentences (each decoded alone by the batch search budget) does
+    not hold back a one-line request sent after it; when its client leaves, its sentences not
+    yet decoded are dropped; a request over --max-request-search-tokens is refused at once."""
+    s = Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
+               "--max-request-search-tokens", 300000, verbose=True).wait_ready()
+    try:
+        lines = [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
+        long = send_raw(s.url, {"text": lines, **LONG})
+        s.wait_for(r"100 sentences queued")
+        start = time.monotonic()
+        assert translate(s.url, text=["w1 w2"]) == generate(ckpt, tmp_path, ["w1 w2"])
+        took = time.monotonic() - start
+        assert answered(long) == b"", "the long request ended first"
+        long.close()                                      # the client leaves
+        s.wait_for(r"a client disconnected before its 100 sentences were translated")
+        s.wait_for(r"\d+ sentences of cancelled requests dropped")
+        # the model is free again at once: a short request takes as long as the first one did
+        start = time.monotonic()
+        assert translate(s.url, text=["w3 w4"]) == generate(ckpt, tmp_path, ["w3 w4"])
+        assert time.monotonic() - start < max(5.0, 10 * took)
+        status, answer = request(s.url + "/translate",
+                                 json.dumps({"text": lines + lines, **LONG}).encode())
+        assert status == 413 and "--max-request-search-tokens" in answer["error"], answer
+    finally:
+        assert s.stop() == 0, s.stderr()
+    assert "Traceback" not in s.stderr()
+
+
+def test_a_request_past_its_timeout_gets_503_and_its_work_is_dropped(ckpt, tmp_path):
+    s = Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
+               "--request-timeout", 2, verbose=True).wait_ready()
+    try:
+        lines = [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
+        start = time.monotonic()
+        status, answer = request(s.url + "/translate",
+                                 json.dumps({"text": lines, **LONG}).encode())
+        assert status == 503 and "--request-timeout" in answer["error"], answer
+        assert 1.9 < time.monotonic() - start < 30
+        s.wait_for(r"\d+ sentences of cancelled requests dropped")
+        assert translate(s.url, text=["w1 w2"]) == generate(ckpt, tmp_path, ["w1 w2"])
+    finally:
+        assert s.stop() == 0, s.stderr()
+
+
+def test_a_stalled_header_is_closed_and_connections_are_capped(ckpt, tmp_path):
+    import socket
+
+    s = Server(tmp_path, ckpt, "--header-timeout", 1, "--max-connections", 3).wait_ready()
+    host, port = s.url.removeprefix("http://").split(":")
+    try:
+        stalled = socket.create_connection((host, int(port)), timeout=30)
+        stalled.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")     # and nothing more
+        start = time.monotonic()
+        assert stalled.recv(1024) == b""                  # closed by the server
+        assert 0.9 < time.monotonic() - start < 10
+        stalled.close()
+        # three open connections reach the cap: a fourth request gets 503 at once
+        idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+        try:
+            time.sleep(0.3)
+            status, answer = raw(s.url, "POST", "/translate", b'{"text": ["w1"]}')
+            assert status == 503, answer                  # uvicorn's own, plain text
+        finally:
+            for sock in idle:
+                sock.close()
+    finally:
+        assert s.stop() == 0, s.stderr()
+
+
+def test_shutdown_ends_within_its_grace(ckpt, tmp_path):
+    """SIGTERM with a long request in flight: it gets 503 once --shutdown-grace is over and
+    the server exits 0 soon after, without a traceback."""
+    s = Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
+               "--shutdown-grace", 1, verbose=True).wait_ready()
+    try:
+        lines = [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
+        long = send_raw(s.url, {"text": lines, **LONG})
+        s.wait_for(r"100 sentences queued")
+        start = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        status, answer = read_answer(long, 30)
+        assert status == 503 and "--shutdown-grace" in answer["error"], answer
+        assert s.proc.wait(30) == 0, s.stderr()
+        assert time.monotonic() - start < 1 + 2 + 5 + 5      # grace, uvicorn's, thread's, slack
+        assert "Traceback" not in s.stderr()
+    finally:
+        s.stop()
+
+
+def test_a_shortage_of_file_descriptors_is_logged_once(caplog):
+    import asyncio
+    import errno
+
+    from nmt.serve.app import log_fd_shortage_once
+
+    loop = asyncio.new_event_loop()
+    try:
+        log_fd_shortage_once(loop)
+        with caplog.at_level(logging.WARNING, logger="nmt.serve"):
+            for _ in range(5):
+                loop.call_exception_handler({
+                    "message": "socket.accept() out of system resource",
+                    "exception": OSError(errno.EMFILE, "Too many open files")})
+        said = [r for r in caplog.records if "Too many open files" in r.getMessage()]
+        assert len(said) == 1 and "ulimit -n" in said[0].getMessage()
+        assert not [r for r in caplog.records if r.exc_info]
+    finally:
+        loop.close()

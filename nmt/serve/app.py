@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import math
+import time
 from typing import Callable, Mapping
 
 from starlette.applications import Starlette
@@ -69,10 +72,90 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+class Deadline:
+    """When a request must be answered by: its --request-timeout (none when 0)."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds if seconds > 0 else math.inf
+
+    def left(self) -> float | None:
+        return None if self.end == math.inf else max(0.0, self.end - time.monotonic())
+
+
+class Clock:
+    """A request's wait for its translations, which ends early when its client disconnects,
+    its --request-timeout passes, or the server has been stopping for --shutdown-grace: the
+    request's sentences not yet decoded are then dropped (its future cancelled)."""
+
+    POLL = 0.25     # seconds between looks at the server's stopping flag
+
+    def __init__(self, cfg: ServeConfig, stopping: Callable[[], bool]):
+        self.cfg, self.stopping = cfg, stopping
+        self.stop_seen: float | None = None     # when a request first saw the server stopping
+
+    def deadline(self) -> Deadline:
+        return Deadline(self.cfg.request_timeout)
+
+    def _grace_over(self) -> bool:
+        if not self.stopping():
+            return False
+        now = time.monotonic()
+        if self.stop_seen is None:
+            self.stop_seen = now
+        return now - self.stop_seen >= self.cfg.shutdown_grace
+
+    async def result(self, future, request: Request, deadline: Deadline, n: int):
+        waiting = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(_disconnect(request))
+        try:
+            while True:
+                left = deadline.left()
+                done, _ = await asyncio.wait(
+                    {waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
+                    timeout=self.POLL if left is None else min(self.POLL, left))
+                if waiting in done:
+                    return waiting.result()
+                if gone in done:
+                    future.cancel()
+                    log.info("a client disconnected before its %d sentences were translated: "
+                             "those not yet decoded are dropped", n)
+                    raise RequestError(499, "the client disconnected")
+                if deadline.left() == 0:
+                    future.cancel()
+                    log.warning("a request of %d sentences passed --request-timeout %g s: "
+                                "its sentences not yet decoded are dropped", n,
+                                self.cfg.request_timeout)
+                    raise RequestError(503, f"not translated within "
+                                            f"{self.cfg.request_timeout:g} s "
+                                            f"(--request-timeout); send fewer sentences or "
+                                            f"try again later")
+                if self._grace_over():
+                    future.cancel()
+                    raise Stopping("the server is shutting down and its grace period "
+                                   f"({self.cfg.shutdown_grace:g} s, --shutdown-grace) is over")
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        finally:
+            gone.cancel()
+            waiting.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has disconnected (the body has been read by then)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
 def create_app(models: Models, cfg: ServeConfig,
-               on_load_failure: Callable[[], None] | None = None) -> Starlette:
+               on_load_failure: Callable[[], None] | None = None,
+               stopping: Callable[[], bool] = lambda: False) -> Starlette:
     """The application serving ``models`` (loaded in the background when it starts; if one
-    cannot be, ``on_load_failure()`` is called, e.g. to stop the server)."""
+    cannot be, ``on_load_failure()`` is called, e.g. to stop the server). ``stopping()``:
+    whether the server has begun to stop (its requests then get --shutdown-grace)."""
+    clock = Clock(cfg, stopping)
 
     async def health(request: Request) -> JSONResponse:
         return Json({"status": "ok"})
@@ -94,12 +177,19 @@ def create_app(models: Models, cfg: ServeConfig,
             if not models.ready.is_set():
                 raise RequestError(503, "the models are still loading; GET /ready says when "
                                         "they are loaded")
-            obj = parse_json(await read_body(request, cfg.max_request_bytes))
-            req = parse_request(obj, models.loaded, cfg)
+            deadline = clock.deadline()
+            try:
+                body = await asyncio.wait_for(read_body(request, cfg.max_request_bytes),
+                                              deadline.left())
+            except asyncio.TimeoutError:
+                raise RequestError(408, f"the request body did not arrive within "
+                                        f"{cfg.request_timeout:g} s (--request-timeout)"
+                                   ) from None
+            req = parse_request(parse_json(body), models.loaded, cfg)
             ids, prefixes, constraints = await run_in_threadpool(encode, req, cfg)
             future = req.model.batcher.submit(req.search, ids, req.texts, prefixes,
                                               constraints)
-            results = await asyncio.wrap_future(future)
+            results = await clock.result(future, request, deadline, len(ids))
             return Json({"translations": [r.text for r in results]})
         except RequestError as e:
             return error(e.status, str(e))
@@ -121,13 +211,15 @@ def create_app(models: Models, cfg: ServeConfig,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        log_fd_shortage_once(asyncio.get_running_loop())
         models.load_in_background(on_load_failure)
         try:
             yield
         finally:
-            # uvicorn has finished every request in flight by now; anything still queued
-            # (e.g. a client that went away) is decoded before the threads end.
-            await run_in_threadpool(models.stop)
+            # Every request has been answered by now (the last ones with 503 once the grace
+            # was over): what may still be queued has no client. A batch being decoded is
+            # given a few seconds, then left to the process's exit.
+            await run_in_threadpool(models.stop, STOP_WAIT)
             log.info("stopped")
 
     return Starlette(routes=[Route("/health", health, methods=["GET"]),
@@ -136,4 +228,36 @@ def create_app(models: Models, cfg: ServeConfig,
                      exception_handlers={HTTPException: http_error}, lifespan=lifespan)
 
 
-__all__ = ["create_app", "read_body", "error", "Json"]
+STOP_WAIT = 5.0     # seconds the decoding threads get at exit, after the grace
+
+
+# What asyncio reports, once per failed accept() and with a traceback, when the process is
+# out of file descriptors (or memory for sockets); it retries the accept a second later.
+FD_SHORTAGE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def log_fd_shortage_once(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop`` log a shortage of file descriptors in one warning for the whole run,
+    instead of a traceback for every failed accept (megabytes of log under load)."""
+    previous = loop.get_exception_handler()
+    warned = False
+
+    def handler(loop, context):
+        nonlocal warned
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in FD_SHORTAGE:
+            if not warned:
+                warned = True
+                log.warning("cannot accept connections: %s (new connections wait until others "
+                            "close; raise the limit with ulimit -n or lower "
+                            "--max-connections); said once", exc.strerror or exc)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+__all__ = ["create_app", "read_body", "error", "Json", "log_fd_shortage_once"]

@@ -3,13 +3,16 @@ into batches.
 
 A request's sentences (already encoded) and its decoding options (a resolved SearchConfig)
 wait in one queue, oldest first, of at most ``max_queued`` sentences (a request that would
-pass it is refused: QueueFull). The worker takes the oldest sentence's options and gathers,
-in arrival order, the waiting sentences with equal options until the next one would take the
+pass it is refused: QueueFull). Requests take turns: each batch is led by the request served
+longest ago (one never served first, then in arrival order), so a request of many long
+sentences cannot hold the others back for more than a batch at a time. The worker takes the
+leading request's options and gathers its waiting sentences, then, in arrival order, the
+other waiting sentences with equal options, until the next one would take the
 batch past ``max_tokens`` source tokens (the longest source + eos, times the sentences:
 padding included, as the Translator counts) or past ``max_search_tokens`` search steps (the
 sentences times the beam times the longest length limit + 1: the decoder's cache and work,
 which a request's max_len and min_len would otherwise make as large as it likes), or until
-the oldest has waited ``max_wait`` seconds, then decodes them with
+the leader has waited ``max_wait`` seconds, then decodes them with
 ``Translator.translate_ids``. Sentences that arrive while a
 batch decodes are waiting already when it ends, so a busy server batches without waiting.
 Whatever a batch holds, each sentence gets the translation it gets alone: beam search is
@@ -17,7 +20,8 @@ batch-invariant (tests/test_translator.py), and options never mix.
 
 A request's result is a ``concurrent.futures.Future`` (the HTTP side awaits it with
 ``asyncio.wrap_future``), set once all its sentences are decoded, possibly across batches.
-``stop()`` refuses new work, decodes what is waiting, and ends the thread. Should the worker
+Cancelling it (the client left, or its time ran out) drops its sentences still waiting.
+``stop()`` refuses new work, decodes (or drops) what is waiting, and ends the thread. Should the worker
 itself fail outside a batch, every waiting request gets the error, and so does every later
 one (``broken``; /ready then answers 503).
 """
@@ -59,6 +63,7 @@ class _Job:
     results: list = field(default_factory=list)
     left: int = 0
     future: Future = field(default_factory=Future)
+    turn: int = -1             # the number of the last batch it led or joined (-1: none yet)
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Batcher:
         self._pending: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._cancelled = False        # a queued request's future was cancelled: purge it
+        self._batches = 0
         self.broken: BaseException | None = None     # why the worker ended, if it failed
         self._thread = threading.Thread(target=self._run, name=f"nmt-serve-{name}", daemon=True)
 
@@ -120,14 +127,28 @@ class Batcher:
                                            constraints[i] if constraints else (), now,
                                            steps[i]))
             self._cond.notify()
+        job.future.add_done_callback(self._on_done)
         log.debug("model '%s': %d sentences queued", self.name, len(ids))
         return job.future
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Take no more work, finish what is waiting, end the thread."""
+    def _on_done(self, future: Future) -> None:
+        if future.cancelled():
+            with self._cond:
+                self._cancelled = True
+                self._cond.notify()
+
+    def stop(self, timeout: float | None = None, drop: bool = False) -> None:
+        """Take no more work, finish what is waiting (``drop``: fail it with Stopping instead),
+        end the thread, waiting for it at most ``timeout`` seconds."""
         with self._cond:
             self._stopping = True
+            if drop:
+                waiting, self._pending = self._pending, deque()
             self._cond.notify()
+        if drop:
+            error = Stopping(f"model '{self.name}' is shutting down")
+            for job in {id(it.job): it.job for it in waiting}.values():
+                _settle(job.future, error=error)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -159,26 +180,56 @@ class Batcher:
         and drained."""
         with self._cond:
             while True:
+                if self._cancelled:
+                    self._purge()
                 if not self._pending:
                     if self._stopping:
                         return None
                     self._cond.wait()
                     continue
-                oldest = self._pending[0]
-                chosen, full = self._gather(oldest.job.search)
-                wait = oldest.arrival + self.max_wait - time.monotonic()
+                lead = self._leader()
+                chosen, full = self._gather(lead.job)
+                wait = lead.arrival + self.max_wait - time.monotonic()
                 if full or wait <= 0 or self._stopping:
                     taken = set(map(id, chosen))
                     self._pending = deque(x for x in self._pending if id(x) not in taken)
+                    self._batches += 1
+                    for item in chosen:
+                        item.job.turn = self._batches
                     return chosen
                 self._cond.wait(wait)
 
-    def _gather(self, search: SearchConfig) -> tuple[list[_Item], bool]:
-        """The waiting sentences with options ``search``, oldest first, that fit in one batch
-        (always at least one); and whether the batch is full."""
+    def _purge(self) -> None:
+        """Drop the waiting sentences of cancelled requests (their clients are gone)."""
+        self._cancelled = False
+        before = len(self._pending)
+        self._pending = deque(x for x in self._pending if not x.job.future.done())
+        if len(self._pending) < before:
+            log.debug("model '%s': %d sentences of cancelled requests dropped", self.name,
+                      before - len(self._pending))
+
+    def _leader(self) -> _Item:
+        """The first waiting sentence of the request served longest ago (never: first)."""
+        lead = self._pending[0]
+        if lead.job.turn < 0:
+            return lead
+        for item in self._pending:
+            if item.job.turn < lead.job.turn:
+                lead = item
+                if lead.job.turn < 0:
+                    break
+        return lead
+
+    def _gather(self, job: _Job) -> tuple[list[_Item], bool]:
+        """The waiting sentences with the options of ``job``, its own first, then the others
+        oldest first, that fit in one batch (always at least one); and whether the batch is
+        full."""
+        search = job.search
         chosen: list[_Item] = []
         width = steps = 0                # longest source in the batch with eos; most steps
-        for item in self._pending:
+        ordered = ([x for x in self._pending if x.job is job]
+                   + [x for x in self._pending if x.job is not job])
+        for item in ordered:
             if item.job.search != search:
                 continue
             w, t = max(width, item.ids.size + 1), max(steps, item.steps)

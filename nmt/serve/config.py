@@ -12,6 +12,7 @@ from nmt.errors import UsageError
 from nmt.options import option
 
 MAX_WAIT_MS = 60_000          # a minute; a larger wait (inf) overflows the batcher's timeout
+MAX_SECONDS = 86_400          # a day: the longest timeout or grace (inf overflows asyncio's)
 
 
 @dataclass
@@ -44,6 +45,24 @@ class ServeConfig:
     max_output_tokens: int = option(
         2048, "Longest output a request's own \"max_len_a\" and \"max_len_b\" may allow for "
               "its longest sentence (400 above).")
+    max_request_search_tokens: int = option(
+        1 << 20, "Most search steps one request may ask for: the sum over its sentences of "
+                 "beam x (length limit + 1) (413 above): no single request may hold a model "
+                 "for long.")
+    # --- slow, stalled and departed clients (nmt.serve.app, nmt.serve.server) ---
+    request_timeout: float = option(
+        120.0, "Answer 503 to a request not translated within this many seconds, and drop "
+               "its sentences not yet decoded (0: no limit). The sentences of a client that "
+               "disconnects are dropped at once.", metavar="SECONDS")
+    header_timeout: float = option(
+        10.0, "Close a connection whose request line and headers have not all arrived within "
+              "this many seconds (a stalled or very slow client).", metavar="SECONDS")
+    max_connections: int = option(
+        512, "Most open connections and requests at once; a request beyond them gets "
+             "uvicorn's plain-text 503 at once (its limit_concurrency).")
+    shutdown_grace: float = option(
+        30.0, "On SIGTERM or Ctrl-C, let the requests in flight finish for at most this many "
+              "seconds; what is left then gets 503 and the server exits.", metavar="SECONDS")
     access_log: bool = option(False, "Log every request (method, path, status) to stderr.")
 
     def __post_init__(self) -> None:
@@ -51,7 +70,8 @@ class ServeConfig:
             raise UsageError(f"--port must be between 0 and 65535, got {self.port}")
         for name in ("max_batch_tokens", "max_batch_search_tokens", "max_queued_sentences",
                      "max_request_bytes", "max_sentences_per_request", "max_sentence_tokens",
-                     "max_beam", "max_output_tokens"):
+                     "max_beam", "max_output_tokens", "max_request_search_tokens",
+                     "max_connections"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, name)}")
@@ -60,6 +80,12 @@ class ServeConfig:
                              f"least --max-sentences-per-request "
                              f"({self.max_sentences_per_request}), or a request within "
                              f"the limits could never be queued")
+        for name in ("request_timeout", "header_timeout", "shutdown_grace"):
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_SECONDS or (name == "header_timeout" and value == 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be "
+                                 f"{'> 0' if name == 'header_timeout' else '>= 0'} and at most "
+                                 f"{MAX_SECONDS} seconds, got {value}")
         if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:          # also refuses nan and inf
             raise UsageError(f"--max-wait-ms must be between 0 and {MAX_WAIT_MS}, got "
                              f"{self.max_wait_ms}")

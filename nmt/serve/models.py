@@ -118,10 +118,11 @@ class Models:
         """The names of the models whose decoding thread has failed."""
         return [name for name, m in list(self.loaded.items()) if m.batcher.broken is not None]
 
-    def stop(self) -> None:
-        """Finish the sentences waiting in every batcher, then end their threads."""
+    def stop(self, timeout: float | None = None) -> None:
+        """End every batcher's thread: what is still queued is dropped (its requests have been
+        answered); a batch being decoded gets ``timeout`` seconds (None: all it takes)."""
         for served in list(self.loaded.values()):      # (the loader may still be adding)
-            served.batcher.stop()
+            served.batcher.stop(timeout, drop=True)
 
 
 __all__ = ["ModelSpec", "parse_specs", "ServedModel", "Models"]

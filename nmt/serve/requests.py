@@ -247,12 +247,30 @@ def encode(req: TranslateRequest, cfg: ServeConfig
             raise RequestError(400, f"max_len_a * {longest} + max_len_b allows more than "
                                     f"{cfg.max_output_tokens} output tokens "
                                     f"(--max-output-tokens)")
+    if ids:
+        steps = search_steps(ids, s, t.ensemble.max_positions)
+        if steps > cfg.max_request_search_tokens:
+            raise RequestError(413, f"this request asks for up to {steps} search steps "
+                                    f"(beam {s.beam} x each sentence's length limit + 1); this "
+                                    f"server takes at most {cfg.max_request_search_tokens} in "
+                                    f"one request (--max-request-search-tokens): send fewer "
+                                    f"sentences, a smaller beam or a lower max_len_b")
     prefixes = None
     if req.prefixes is not None:
         # One string for every sentence is encoded once (the search cuts each at its limit).
         encoded = {p: t.tgt_codec.encode(p) for p in set(req.prefixes) if p}
         prefixes = [encoded[p] if p else [] for p in req.prefixes]
     return ids, prefixes, _encode_constraints(req, ids, prefixes)
+
+
+def search_steps(ids: list[np.ndarray], search, max_positions: int | None) -> int:
+    """Search steps the sentences ``ids`` may take at most: beam x (length limit + 1) each."""
+    import torch
+
+    from nmt.search.generator import max_lengths
+
+    limits = max_lengths(torch.tensor([x.size for x in ids]), search, max_positions)
+    return int(search.beam * (limits + 1).sum())
 
 
 def _encode_constraints(req: TranslateRequest, ids: list[np.ndarray], prefixes

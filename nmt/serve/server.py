@@ -8,6 +8,7 @@ flight; the application's shutdown then drains each model's batcher, and the pro
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import socket
 
@@ -54,6 +55,50 @@ def _rename(record: logging.LogRecord) -> bool:
     return True
 
 
+def header_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol, closing a connection whose request line and headers have not
+    all arrived ``seconds`` after it opened or after its last response (uvicorn itself only
+    times out idle kept-alive connections, so a client that sends half a header would hold
+    its connection, and a file descriptor, for ever)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeout(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            # IDLE: no complete request line and headers since the connection opened or its
+            # last response (a request being read or answered is past IDLE)
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.debug("closed a connection whose request headers did not arrive within "
+                          "%g s (--header-timeout)", seconds)
+                self.transport.close()
+
+    return HeaderTimeout
+
+
 def serve(specs: list[ModelSpec], cfg: ServeConfig, device: str = "auto",
           precision: str = "fp32") -> None:
     """Serve ``specs`` until SIGTERM or Ctrl-C; a model that cannot be loaded stops the server
@@ -70,9 +115,14 @@ def serve(specs: list[ModelSpec], cfg: ServeConfig, device: str = "auto",
         if server is not None:
             server.should_exit = True
 
-    app = create_app(models, cfg, on_load_failure=load_failed)
+    app = create_app(models, cfg, on_load_failure=load_failed,
+                     stopping=lambda: server is not None and server.should_exit)
+    # The requests answer 503 once the grace is over (nmt.serve.app.Clock): uvicorn's own
+    # limit, a little later, only cancels what would still hang.
     config = uvicorn.Config(app, log_config=None, access_log=cfg.access_log, lifespan="on",
-                            timeout_graceful_shutdown=None)
+                            http=header_timeout_protocol(cfg.header_timeout),
+                            limit_concurrency=cfg.max_connections,
+                            timeout_graceful_shutdown=math.ceil(cfg.shutdown_grace) + 2)
     server = uvicorn.Server(config)
     _log_through_nmt()
     host, port = sock.getsockname()[:2]
