@@ -635,6 +635,24 @@ def test_a_failed_decoding_thread_fails_every_request_and_readiness(ckpt):
 LONG = {"beam": 8, "max_len_b": 300, "min_len": 250}      # every hypothesis runs 250+ steps
 
 
+def long_server(tmp_path, ckpt, *args) -> Server:
+    """A server whose batches hold one LONG sentence each (and no wait for company)."""
+    return Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
+                  *args, verbose=True).wait_ready()
+
+
+def long_lines() -> list[str]:
+    return [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
+
+
+def send_long(s: Server):
+    """100 LONG sentences sent on a socket of their own, once queued: (lines, socket)."""
+    lines = long_lines()
+    sock = send_raw(s.url, {"text": lines, **LONG})
+    s.wait_for(r"100 sentences queued")
+    return lines, sock
+
+
 def send_raw(url: str, fields: dict):
     """POST /translate on a socket of its own, without reading the answer: the socket."""
     import socket
@@ -674,12 +692,9 @@ def test_requests_take_turns_and_a_departed_client_costs_nothing_more(ckpt, tmp_
     """A request of 100 long sentences (each decoded alone by the batch search budget) does
     not hold back a one-line request sent after it; when its client leaves, its sentences not
     yet decoded are dropped; a request over --max-request-search-tokens is refused at once."""
-    s = Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
-               "--max-request-search-tokens", 300000, verbose=True).wait_ready()
+    s = long_server(tmp_path, ckpt, "--max-request-search-tokens", 300000)
     try:
-        lines = [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
-        long = send_raw(s.url, {"text": lines, **LONG})
-        s.wait_for(r"100 sentences queued")
+        lines, long = send_long(s)
         start = time.monotonic()
         assert translate(s.url, text=["w1 w2"]) == generate(ckpt, tmp_path, ["w1 w2"])
         took = time.monotonic() - start
@@ -700,10 +715,9 @@ def test_requests_take_turns_and_a_departed_client_costs_nothing_more(ckpt, tmp_
 
 
 def test_a_request_past_its_timeout_gets_503_and_its_work_is_dropped(ckpt, tmp_path):
-    s = Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
-               "--request-timeout", 2, verbose=True).wait_ready()
+    s = long_server(tmp_path, ckpt, "--request-timeout", 2)
     try:
-        lines = [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
+        lines = long_lines()
         start = time.monotonic()
         status, answer = request(s.url + "/translate",
                                  json.dumps({"text": lines, **LONG}).encode())
@@ -743,12 +757,9 @@ def test_a_stalled_header_is_closed_and_connections_are_capped(ckpt, tmp_path):
 def test_shutdown_ends_within_its_grace(ckpt, tmp_path):
     """SIGTERM with a long request in flight: it gets 503 once --shutdown-grace is over and
     the server exits 0 soon after, without a traceback."""
-    s = Server(tmp_path, ckpt, "--max-batch-search-tokens", 3000, "--max-wait-ms", 0,
-               "--shutdown-grace", 1, verbose=True).wait_ready()
+    s = long_server(tmp_path, ckpt, "--shutdown-grace", 1)
     try:
-        lines = [x for x in mixed_lines(120, seed=8) if x.strip()][:100]
-        long = send_raw(s.url, {"text": lines, **LONG})
-        s.wait_for(r"100 sentences queued")
+        _, long = send_long(s)
         start = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         status, answer = read_answer(long, 30)
