@@ -82,19 +82,25 @@ def test_forced_prefixes_from_jsonl(ckpt, tmp_path):
     assert gen(ckpt, stdin="w4 w5\n").stdout.splitlines() == [out[1]]
 
 
-def test_a_prefix_the_vocabulary_cannot_spell_is_forced_with_a_warning(ckpt, tmp_path):
-    """A prefix word outside the target vocabulary is forced as <unk> (the translation starts
-    with it) and the line is named in a warning; a prefix it can spell is not warned about."""
-    src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1", "prefix": "w2"}),
-                                        json.dumps({"source": "w1 w2", "prefix": "w7 zebra"})])
-    r = CliRunner().invoke(main, [str(ckpt), "--device", "cpu", "-i", str(src), "--input-format",
-                                  "jsonl", "--output-format", "jsonl"])
-    assert r.exit_code == 0, r.stderr
-    out = [json.loads(x) for x in r.stdout.splitlines()]
-    assert len(out) == 2 and out[1]["tokens"][:2] == ["w7", "<unk>"]
-    warned = [x for x in r.stderr.splitlines() if "prefix" in x]
-    assert len(warned) == 1 and "line 2: prefix 'w7 zebra' cannot be spelled" in warned[0]
-    assert warned[0].endswith("it is forced as: w7 <unk>"), warned
+def test_a_prefix_that_cannot_be_forced_is_refused_as_a_constraint_is(ckpt, tmp_path):
+    """One rule for prefixes and constraints: a prefix the target vocabulary cannot spell, or
+    longer than its line's length limit, stops the run with one line naming the line (it was
+    forced as <unk>, or cut at the limit, with exit 0); a prefix that fits is translated."""
+    for line, needle in ((json.dumps({"source": "w1 w2", "prefix": "w7 zebra"}),
+                          "in.jsonl: line 2: prefix 'w7 zebra' cannot be spelled with the "
+                          "target vocabulary (encoded: w7 <unk>)"),
+                         (json.dumps({"source": "w1 w2", "prefix": " ".join(["w5"] * 9)}),
+                          "in.jsonl: line 2: its prefix needs 9 target tokens, more than the "
+                          "6 the length limit allows for its source")):
+        src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1", "prefix": "w2"}), line])
+        r = CliRunner().invoke(main, [str(ckpt), "--device", "cpu", "-i", str(src),
+                                      "--input-format", "jsonl", "--max-len-a", "2",
+                                      "--max-len-b", "2"])
+        one_line_error(r, needle)
+    src = write(tmp_path / "in.jsonl", [json.dumps({"source": "w1 w2", "prefix": "w5 w6"})])
+    r = CliRunner().invoke(main, [str(ckpt), "--device", "cpu", "-i", str(src),
+                                  "--input-format", "jsonl"])
+    assert r.exit_code == 0 and r.stdout.startswith("w5 w6"), r.stderr
 
 
 def test_sampling_keeps_forced_prefixes(ckpt, tmp_path):
@@ -181,9 +187,10 @@ def attention_argmax(ckpt, source: str, target: str, layer: int) -> str:
 
 def test_print_alignment(ckpt, tmp_path):
     # Forced prefixes vary the untrained model's output (else mostly one repeated word), so
-    # that the links vary too; w30 is unknown (<unk>); the last line translates to nothing.
+    # that the links vary too; the source's w30 is unknown (<unk>); the last line translates
+    # to nothing.
     requests = [{"source": "w1 w2 w3 w4 w5", "prefix": "w5 w3 w1 w2 w4 w9"},
-                {"source": "w7 w7 w1 w30 w11 w3", "prefix": "w30 w3 w1 w11 w7"},
+                {"source": "w7 w7 w1 w30 w11 w3", "prefix": "w3 w1 w11 w7 w2"},
                 {"source": "w4"}]
     src = write(tmp_path / "s.jsonl", [json.dumps(r) for r in requests])
     found = {}
@@ -313,10 +320,11 @@ def test_a_constraint_that_cannot_be_spelled_stops_the_run_before_any_output(ckp
     assert list(tmp_path.iterdir()) == [src]
 
 
-def test_the_constraint_check_loads_the_model_only_for_lines_with_constraints(ckpt, tmp_path):
-    """--workers checks a jsonl file's constraints in the parent before any worker starts; the
-    model it needs for that is built only when a line has constraints, and once."""
-    from nmt.cli.generate_input import check_constraints
+def test_the_forced_target_check_loads_the_model_only_for_lines_that_need_it(ckpt, tmp_path):
+    """--workers checks a jsonl file's prefixes and constraints in the parent before any
+    worker starts; the model it needs for that is built only when a line has either, and
+    once."""
+    from nmt.cli.generate_input import check_forced_targets
 
     built = []
 
@@ -324,13 +332,14 @@ def test_the_constraint_check_loads_the_model_only_for_lines_with_constraints(ck
         built.append(1)
         return Translator.from_checkpoint(ckpt)
 
-    plain = write(tmp_path / "plain.jsonl", [json.dumps({"source": "w1", "prefix": "w2"})] * 5)
-    check_constraints(str(plain), translator, 2)
+    plain = write(tmp_path / "plain.jsonl", [json.dumps({"source": "w1"})] * 5)
+    check_forced_targets(str(plain), translator, 2)
     assert built == []
     some = write(tmp_path / "some.jsonl", [json.dumps({"source": "w1"}),
+                                           json.dumps({"source": "w1", "prefix": "w2"}),
                                            *[json.dumps({"source": "w2", "constraints": ["w3"]})]
                                            * 3])
-    check_constraints(str(some), translator, 2)
+    check_forced_targets(str(some), translator, 2)
     assert built == [1]
 
 

@@ -490,25 +490,24 @@ def test_a_checkpoint_whose_name_holds_an_equals_sign_is_a_checkpoint(ckpt, tmp_
     assert parse_specs(["a=lr=0.001.pt"]) == [ModelSpec("a", "lr=0.001.pt")]
 
 
-def test_a_prefix_longer_than_the_length_limit_is_cut_there(ckpt):
-    """The tokens of a prefix past a sentence's length limit are never emitted (eos is forced
-    at the limit): the search cuts the prefix there, with the same translation, and its table
-    (repeated for every beam row) stays as small as the search. A 300,000-token prefix sent
-    to nmt-serve for 8 sentences at beam 16 took 660 MB before."""
+def test_a_prefix_longer_than_the_length_limit_is_refused_and_cut_in_the_search(server):
+    """A prefix longer than its sentence's length limit is refused (400), as constraints that
+    do not fit are; the search itself still cuts a prefix at the limit, so that its table
+    (repeated for every beam row) stays as small as the search (a 300,000-token prefix for 8
+    sentences at beam 16 took 660 MB before)."""
     import torch
 
-    from nmt.search.config import SearchConfig
     from nmt.search.prefix import PrefixConstraints
-    from nmt.search.translator import Translator
 
-    t = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=3, max_len_a=0, max_len_b=4))
-    src = ["w1 w2", "w3"]
-    long, cut = " ".join(["w5", "w6"] * 5000), "w5 w6 w5 w6"
-    got = t.translate_results(src, prefixes=[long, long])
-    same = t.translate_results(src, prefixes=[cut, cut])
-    assert [r.hypotheses[0].token_scores for r in got] == \
-        [r.hypotheses[0].token_scores for r in same]
-    assert all(r.text == cut for r in got)
+    long = " ".join(["w5", "w6"] * 50)
+    status, answer = request(server.url + "/translate", json.dumps(
+        {"text": ["w1 w2", "w3"], "prefix": long, "max_len_a": 0, "max_len_b": 4}).encode())
+    assert status == 400 and answer["error"].startswith(
+        "\"text\"[0]: its prefix needs 100 target tokens, more than the 4"), answer
+    status, answer = request(server.url + "/translate", json.dumps(
+        {"text": ["w1 w2"], "prefix": "w5 zebra"}).encode())
+    assert status == 400 and "\"prefix\"[0]: prefix 'w5 zebra' cannot be spelled" in \
+        answer["error"], answer
     state = PrefixConstraints([list(range(10000)), [1, 2]]).start(
         torch.ones(2, 3, dtype=torch.long), 16, torch.tensor([4, 1]))
     assert state.width == 4 and state.forced.shape == (32, 4)

@@ -24,7 +24,7 @@ from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
                             read_path_from_stdin, setup_runtime, signals_deferred,
                             stop_on_signals)
 from nmt.cli.generate_config import GenerateConfig
-from nmt.cli.generate_input import check_constraints
+from nmt.cli.generate_input import check_forced_targets
 from nmt.cli.generate_modes import (build_translator, format_result, score_reference,
                                    translate_chunk)
 from nmt.cli.generate_shards import Shard, finish, rank_named, torchrun_shard
@@ -217,18 +217,18 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
         if checkable:
             # Before any worker writes: a line found bad mid-run would stop every rerun of a
             # resumable --output at that line.
-            check_constraints(cfg.input_path,
-                              lambda: build_translator(sources, cfg, "cpu", "fp32"),
-                              cfg.buffer_size)
+            check_forced_targets(cfg.input_path,
+                                 lambda: build_translator(sources, cfg, "cpu", "fp32"),
+                                 cfg.buffer_size)
         threads, verbose, quiet = runtime
         spec = WorkerSpec(paths, cfg, device, precision, worker_threads(threads, workers),
                           verbose, quiet)
         log.info("%d workers x %d thread(s)", workers, spec.threads)
         return None, (workers, spec)
     translator = build_translator(sources, cfg, device, precision)
-    _log_decoding(translator, cfg)
     if checkable:
-        check_constraints(cfg.input_path, lambda: translator, cfg.buffer_size)
+        check_forced_targets(cfg.input_path, lambda: translator, cfg.buffer_size)
+    _log_decoding(translator, cfg)
     return translator, None
 
 

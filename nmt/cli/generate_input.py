@@ -61,29 +61,33 @@ def check_input(path: str, chunk_lines: int, jsonl: bool) -> int:
     return n
 
 
-def check_constraints(path: str, translator: Callable[[], Any], chunk_lines: int) -> None:
-    """Before anything is written: every lexical constraint of a jsonl --input file can be
-    spelled and fits its line's length limit (the checks the Translator makes per chunk, which
-    would otherwise stop a long run midway, on a line a rerun cannot get past).
-    ``translator()`` gives the Translator, called at the first line with constraints only
-    (--workers builds one in the parent for this check alone)."""
+def check_forced_targets(path: str, translator: Callable[[], Any], chunk_lines: int) -> None:
+    """Before anything is written: every forced prefix and lexical constraint of a jsonl
+    --input file can be spelled and fits its line's length limit (the checks the Translator
+    makes per chunk, which would otherwise stop a long run midway, on a line a rerun cannot get
+    past). ``translator()`` gives the Translator, called at the first line with a prefix or
+    constraints only (--workers builds one in the parent for this check alone)."""
     from nmt.io import iter_line_chunks
     from nmt.search.lexical import check_room, encode_constraints, refuse_with
+    from nmt.search.prefix import check_spelled
     from nmt.search.requests import parse_requests
 
-    t, n = None, 0
+    t, n, refused = None, 0, False
     for chunk, _ in iter_line_chunks(path, chunk_lines):
         for i, r in enumerate(parse_requests(chunk, n + 1, path)):
-            if not r.constraints:
+            if not r.constraints and not r.prefix:
                 continue
             if t is None:
                 t = translator()
+            if r.constraints and not refused:
                 refuse_with(t.search, t.sampling is not None, t.constraints is not None)
+                refused = True
             where = f"{path}: line {n + 1 + i}"
             ids = encode_constraints(t.tgt_codec, r.constraints, where)
+            prefix = list(t.tgt_codec.encode(r.prefix)) if r.prefix else []
+            check_spelled(t.tgt_codec, prefix, r.prefix, where)
             source = min(len(t.src_codec.encode(r.source)), t.max_source_len)
-            prefix = len(t.tgt_codec.encode(r.prefix)) if r.prefix else 0
-            check_room(ids, prefix, source, t.search, t.ensemble.max_positions, where)
+            check_room(ids, len(prefix), source, t.search, t.ensemble.max_positions, where)
         n += len(chunk)
 
 

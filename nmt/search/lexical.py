@@ -84,17 +84,19 @@ def encode_constraints(codec, texts: Sequence[str] | None, where: str) -> list[n
 
 def check_room(constraints: Sequence[Sequence[int]], prefix_len: int, source_len: int, search,
                max_positions: int | None, where: str) -> None:
-    """Refuse (NmtError) ``constraints`` (target ids) that, after a forced prefix of
-    ``prefix_len`` tokens, do not fit in the length limit of a source of ``source_len``
-    subwords. An empty source is not decoded (its translation is empty): nothing to check."""
-    if not constraints or not source_len:
+    """Refuse (NmtError) a forced prefix of ``prefix_len`` tokens and ``constraints`` (target
+    ids) that together do not fit in the length limit of a source of ``source_len`` subwords.
+    An empty source is not decoded (its translation is empty): nothing to check."""
+    if not (constraints or prefix_len) or not source_len:
         return
     needed = sum(len(c) for c in constraints) + prefix_len
     limit = int(max_lengths(torch.tensor([source_len]), search, max_positions)[0])
     if needed > limit:
-        raise NmtError(f"{where}: its constraints need {needed} target tokens, more than the "
-                       f"{limit} the length limit allows for its source (max_len_a * "
-                       f"{source_len} + max_len_b)")
+        what = ("its prefix and constraints need" if constraints and prefix_len
+                else "its constraints need" if constraints else "its prefix needs")
+        raise NmtError(f"{where}: {what} {needed} target tokens, more than the {limit} the "
+                       f"length limit allows for its source (max_len_a * {source_len} + "
+                       f"max_len_b)")
 
 
 def refuse_with(search, sampling: bool, tree: bool) -> None:

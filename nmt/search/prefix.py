@@ -4,12 +4,13 @@ search continues from there (a constraints object for nmt.search.generator.beam_
 While a row has prefix tokens left, its only allowed token is the next one; the model's own
 probability of it stays in the score (floored, so that a prefix the model finds impossible is
 still forced), so the hypotheses' scores remain the model's log-probabilities of their whole
-output. A prefix longer than a sentence's length limit is cut there, as any output is.
+output. A prefix the target vocabulary cannot spell, or longer than its sentence's length
+limit, is refused before anything is decoded (nmt.search.lexical.check_room), as lexical
+constraints are; the search still cuts a prefix at the limit, so that its table stays small.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,26 +18,30 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nmt.errors import NmtError
 from nmt.search.constraints import FLOOR
 from nmt.specials import UNK
 
-log = logging.getLogger("nmt.search")
 
 
 def encode_prefixes(codec, prefixes: Sequence[str | None], first_line: int = 1
                     ) -> list[list[int]]:
     """Target ids of each raw prefix (None or "" for none). A prefix the target vocabulary
-    cannot spell whole is still forced, its unknown pieces as <unk>, with a warning naming
-    its line: the translation will start with <unk> there."""
+    cannot spell whole is refused (NmtError naming its line), as a lexical constraint is:
+    forced as <unk>, the translation would start with it."""
     out = []
     for i, text in enumerate(prefixes):
         ids = list(codec.encode(text)) if text else []
-        if UNK in ids:
-            log.warning("line %d: prefix %r cannot be spelled with the target vocabulary; "
-                        "it is forced as: %s", first_line + i, text,
-                        " ".join(codec.dictionary[int(t)] for t in ids))
+        check_spelled(codec, ids, text, f"line {first_line + i}")
         out.append(ids)
     return out
+
+
+def check_spelled(codec, ids: Sequence[int], text: str | None, where: str) -> None:
+    """NmtError when the prefix ``text``, encoded as ``ids``, holds <unk>."""
+    if UNK in ids:
+        raise NmtError(f"{where}: prefix {text!r} cannot be spelled with the target vocabulary "
+                       f"(encoded: {' '.join(codec.dictionary[int(t)] for t in ids)})")
 
 
 class PrefixConstraints:
@@ -85,4 +90,4 @@ class PrefixState:
         return PrefixState(self.forced.index_select(0, rows), self.width)
 
 
-__all__ = ["PrefixConstraints", "PrefixState", "encode_prefixes"]
+__all__ = ["PrefixConstraints", "PrefixState", "encode_prefixes", "check_spelled"]

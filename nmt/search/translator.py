@@ -269,8 +269,10 @@ class Translator:
             arrays.append(a)
         if constraints is not None and not any(len(c) for c in constraints):
             constraints = None
-        if constraints is not None:
-            self._check_constraints(arrays, constraints, prefixes, first_line)
+        if prefixes is not None and not any(len(p) for p in prefixes):
+            prefixes = None
+        if constraints is not None or prefixes is not None:
+            self._check_room(arrays, constraints, prefixes, first_line)
         empty = [i for i in range(n) if arrays[i].size == 0]
         if progress is not None and empty:
             progress(len(empty))
@@ -308,18 +310,21 @@ class Translator:
                     "truncated", line, a.size, self.max_source_len)
         return a[:self.max_source_len], True
 
-    def _check_constraints(self, arrays: list[np.ndarray], constraints, prefixes,
-                           first_line: int) -> None:
+    def _check_room(self, arrays: list[np.ndarray], constraints, prefixes,
+                    first_line: int) -> None:
         """Before anything is decoded: lexical constraints go with this decoding, and each
-        line's constraints (after its prefix) fit in its length limit (one-line errors)."""
+        line's forced prefix and constraints fit in its length limit (one-line errors)."""
         from nmt.search.lexical import check_room, refuse_with
 
-        if len(constraints) != len(arrays):
-            raise ValueError(f"{len(constraints)} constraint lists for {len(arrays)} sources")
-        refuse_with(self.search, self.sampling is not None, self.constraints is not None)
-        for i, (a, cs) in enumerate(zip(arrays, constraints)):
-            check_room(cs, len(prefixes[i]) if prefixes else 0, a.size, self.search,
-                       self.ensemble.max_positions, f"line {first_line + i}")
+        for name, given in (("constraint lists", constraints), ("prefixes", prefixes)):
+            if given is not None and len(given) != len(arrays):
+                raise ValueError(f"{len(given)} {name} for {len(arrays)} sources")
+        if constraints is not None:
+            refuse_with(self.search, self.sampling is not None, self.constraints is not None)
+        for i, a in enumerate(arrays):
+            check_room(constraints[i] if constraints else (), len(prefixes[i]) if prefixes
+                       else 0, a.size, self.search, self.ensemble.max_positions,
+                       f"line {first_line + i}")
 
     def _constraints(self, batch: list[int], prefixes: Sequence[Sequence[int]] | None,
                      constraints: Sequence[Sequence[Sequence[int]]] | None = None):

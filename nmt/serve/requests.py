@@ -30,6 +30,7 @@ import numpy as np
 from nmt.errors import NmtError, suggest
 from nmt.search.config import SearchConfig
 from nmt.search.lexical import check_room, encode_constraints, refuse_with
+from nmt.search.prefix import check_spelled
 from nmt.search.requests import lone_surrogate, phrases_problem
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import ServedModel
@@ -257,9 +258,17 @@ def encode(req: TranslateRequest, cfg: ServeConfig
                                     f"sentences, a smaller beam or a lower max_len_b")
     prefixes = None
     if req.prefixes is not None:
-        # One string for every sentence is encoded once (the search cuts each at its limit).
-        encoded = {p: t.tgt_codec.encode(p) for p in set(req.prefixes) if p}
+        # One string for every sentence is encoded once.
+        encoded = {p: list(t.tgt_codec.encode(p)) for p in set(req.prefixes) if p}
         prefixes = [encoded[p] if p else [] for p in req.prefixes]
+        try:
+            for i, (text, p) in enumerate(zip(req.prefixes, prefixes)):
+                check_spelled(t.tgt_codec, p, text, f"\"prefix\"[{i}]")
+                if req.constraints is None:
+                    check_room((), len(p), ids[i].size, s, t.ensemble.max_positions,
+                               f"\"text\"[{i}]")
+        except NmtError as e:
+            raise RequestError(400, str(e)) from None
     return ids, prefixes, _encode_constraints(req, ids, prefixes)
 
 
