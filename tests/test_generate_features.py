@@ -383,3 +383,22 @@ def test_a_json_error_reads_well(ckpt):
     r = gen(ckpt, "--input-format", "jsonl", stdin='{"source": "a\tb"}\n', ok=False)
     one_line_error(r, "Invalid control character at character")
     assert "at at" not in r.stderr
+
+
+def test_progress_lines_are_logged_when_stderr_is_not_a_terminal(ckpt, tmp_path, monkeypatch):
+    """Off a terminal (here: CliRunner's captured stderr) no bar is drawn; a progress line is
+    logged every PROGRESS_LOG_SECONDS instead (here: at every batch), with the count, the
+    total of an --input file, the rate and the time; -q logs none."""
+    import nmt.cli.common as common
+
+    monkeypatch.setattr(common, "PROGRESS_LOG_SECONDS", 1e-9)
+    src = write(tmp_path / "in.txt", [x for x in mixed_lines(30, seed=2)])
+    r = CliRunner().invoke(main, ["--device", "cpu", str(ckpt), "-i", str(src),
+                                  "--batch-size", "8"])
+    assert r.exit_code == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if "nmt.progress" in x]
+    assert len(lines) >= 3, r.stderr
+    assert "translating: 30 / 30 (100%)" in lines[-1] and "lines/s" in lines[-1], lines
+    assert "elapsed" in lines[0]
+    quiet = CliRunner().invoke(main, ["-q", "--device", "cpu", str(ckpt), "-i", str(src)])
+    assert "nmt.progress" not in quiet.stderr

@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from typing import Callable, Iterator, TypeVar
 
 import click
@@ -218,9 +219,61 @@ def suggest_option(given: str, options: list[str]) -> str:
     return f" (did you mean {' or '.join(picks)}?)" if picks else ""
 
 
-def make_progress(transient: bool = True) -> Progress:
-    """A rich progress bar on stderr; it draws nothing when stderr is not a terminal."""
-    return Progress(
+# Seconds between the progress lines logged instead of a bar when stderr is not a terminal
+# (a job in the background, under a scheduler, in a pipeline's log file), as fairseq's simple
+# log format does.
+PROGRESS_LOG_SECONDS = 60.0
+
+
+class LoggedProgress(Progress):
+    """A rich progress bar on stderr where stderr is a terminal; elsewhere the bar is not
+    drawn and a line is logged every ``log_every`` seconds instead (0: never): the task, how
+    far it is, its rate field, the time taken and the time left."""
+
+    def __init__(self, *columns, log_every: float, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self.log_every = log_every
+        self._logged_at = time.monotonic()
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._maybe_log(task_id)
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._maybe_log(task_id)
+
+    def _maybe_log(self, task_id) -> None:
+        if not self.disable or not self.log_every:
+            return
+        now = time.monotonic()
+        if now - self._logged_at < self.log_every:
+            return
+        self._logged_at = now
+        task = next((t for t in self.tasks if t.id == task_id), None)
+        if task is None:
+            return
+        done = f"{int(task.completed):,}"
+        if task.total:
+            done += f" / {int(task.total):,} ({100 * task.completed / task.total:.0f}%)"
+        rate = task.fields.get("rate", "")
+        left = task.time_remaining
+        logging.getLogger("nmt.progress").info(
+            "%s: %s%s, %s elapsed%s", task.description, done, f", {rate}" if rate else "",
+            _duration(task.elapsed or 0.0),
+            f", about {_duration(left)} left" if left is not None and task.total else "")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return (f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else
+            f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def make_progress(transient: bool = True, log_every: float | None = None) -> Progress:
+    """A rich progress bar on stderr; where stderr is not a terminal, a progress line every
+    ``log_every`` seconds instead (default PROGRESS_LOG_SECONDS; 0: none)."""
+    return LoggedProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -230,6 +283,7 @@ def make_progress(transient: bool = True) -> Progress:
         console=console,
         transient=transient,
         disable=not console.is_terminal,
+        log_every=PROGRESS_LOG_SECONDS if log_every is None else log_every,
     )
 
 

@@ -157,7 +157,8 @@ def train_with_progress(cfg: TrainConfig, data_dir: str) -> None:
     from nmt.training.loop import train
 
     data = DataDir.open(data_dir)
-    with make_progress(transient=True) as bar:
+    # (no progress lines off a terminal: the run logs every --log-interval updates)
+    with make_progress(transient=True, log_every=0) as bar:
         task = bar.add_task("train", total=cfg.max_update or None, rate="")
 
         def progress(update: int, total: int | None, text: str) -> None:
