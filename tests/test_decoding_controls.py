@@ -121,10 +121,14 @@ def test_diverse_beam_search(ckpt):
     _, one = hyps(ckpt, lines, beam=4, nbest=4, diverse_beam_groups=1)
     assert [[h.ids for h in r.hypotheses] for r in one] == \
         [[h.ids for h in r.hypotheses] for r in plain]
-    # strength 0: the groups are independent beams of 2 (not the beam of 4), still valid
+    # strength 0: the groups are independent beams of 2 (not the beam of 4): both find what
+    # beam search of 2 finds, so each of its two best comes twice, in its order
     _, zero = hyps(ckpt, lines, beam=4, nbest=4, diverse_beam_groups=2,
                    diverse_beam_strength=0.0)
-    assert all(len(r.hypotheses) == 4 for r in zero)
+    _, two = hyps(ckpt, lines, beam=2, nbest=2)
+    for z, t in zip(zero, two):
+        best = [h.ids for h in t.hypotheses]
+        assert [h.ids for h in z.hypotheses] == [best[0], best[0], best[1], best[1]]
 
 
 def test_diverse_groups_choose_distinct_tokens():

@@ -6,6 +6,7 @@ resumed by a rerun. Real processes throughout."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -40,9 +41,14 @@ def _run(f, *extra, ok=True):
                          ids=["beam-jsonl", "sampling"])
 def test_two_workers_write_the_one_process_output(f, extra):
     one = _run(f, "-q", *extra).stdout
-    two = _run(f, "-q", "--workers", "2", *extra)
+    two = _run(f, "-v", "--workers", "2", *extra)
     assert two.stdout == one
     assert two.stdout.count(b"\n") == 200 * (2 if "--nbest" in extra else 1)
+    # ... and two worker processes translated it between them, every line once
+    done = re.findall(r"worker (\d+): lines (\d+)-(\d+) translated", two.stderr.decode())
+    assert len({pid for pid, _, _ in done}) == 2, two.stderr.decode()[-2000:]
+    assert sorted(n for _, a, b in done for n in range(int(a), int(b) + 1)) == \
+        list(range(1, 201))
 
 
 def _wait_for_journal(out, lines, proc):

@@ -82,9 +82,9 @@ def test_greedy_reproduces_fairseq(imported, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_beam4_reproduces_fairseq(imported, name):
-    compare(nmt_hyps(imported(name), name, ["--beam", "4", "--lenpen", "1.0",
-                                            "--lenpen-formula", "fairseq"]),
-            fairseq_hyps(name, 4))
+    # Only the beam is given: the import's own preset (fairseq's length penalty 1.0 dividing
+    # by the length, at most 200 tokens, min_len 1) must give fairseq-interactive's output.
+    compare(nmt_hyps(imported(name), name, ["--beam", "4"]), fairseq_hyps(name, 4))
 
 
 def test_console_script_prints_the_checkpoint(tmp_path):
@@ -163,9 +163,12 @@ def test_edited_but_supported_args_still_import(tmp_path):
 
 
 def old_style(state: dict) -> dict:
-    """fairseq <= 0.6's names for the same weights: one in_proj per attention, numbered norms
-    (the encoder's layer_norms.0/1, the decoder's layer_norms.0/1/2), the sinusoid table
-    cached as embed_positions.weights, no BetterTransformer copies."""
+    """The same weights under the old names that fairseq's upgrade_state_dict code renames
+    (one in_proj per attention, numbered norms: the encoder's layer_norms.0/1, the decoder's
+    layer_norms.0/1/2; the sinusoid table cached as embed_positions.weights), written by this
+    test from the 0.12 fixture: no old fairseq made it (fairseq 0.6 does not install beside
+    the torch versions nmt supports), so it checks nmt's renaming against that code's rules,
+    not against a checkpoint an old fairseq wrote."""
     norms = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
              "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}
     out = {f"{side}.embed_positions.weights": torch.randn(16, 8) for side in norms}
@@ -188,8 +191,9 @@ def old_style(state: dict) -> dict:
 
 
 def test_old_checkpoint_layout_imports_the_same_weights(tmp_path, imported):
-    """An old checkpoint (legacy torch format, only an argparse 'args', fused attention
-    projections): the same nmt weights as the 0.12 layout of the same model."""
+    """A checkpoint in the old layout (legacy torch format, only an argparse 'args', fused
+    attention projections; see old_style: written by this test): the same nmt weights as the
+    0.12 layout of the same model."""
     from nmt.checkpoint import load_checkpoint
     from nmt.importers.safe_pickle import load_foreign, plain
 
@@ -309,10 +313,12 @@ def test_overwrite_lines_that_repeat_a_symbol_are_refused_by_name(tmp_path):
     assert len(load_dictionary(path)) == 6      # an overwrite of nothing is an ordinary row
 
 
-def test_an_import_never_ends_before_its_first_token_as_fairseq(imported, tmp_path):
-    """fairseq's SequenceGenerator forbids eos at the first step (min_len 1): a short source
-    never translates to nothing there. The import's preset says so (min_len 1); without it
-    these three lines came out empty."""
+def test_an_import_never_ends_before_its_first_token(imported, tmp_path):
+    """fairseq's SequenceGenerator forbids eos at the first step (its min_len is 1), so it
+    never translates a source to nothing; the import's preset says so (min_len 1), and without
+    it these three short lines come out empty. (No fairseq output for these lines is behind
+    this test; the fixtures' fairseq translations, which the tests above match, hold no empty
+    one.)"""
     from nmt.checkpoint import load_checkpoint, model_config
 
     model = imported("postnorm_shared")

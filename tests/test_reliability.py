@@ -23,7 +23,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from nmt.cli.export import main as export_main
 from nmt.cli.generate import main as generate_main
+from nmt.cli.import_ import main as import_main
 from nmt.cli.train import main as train_main
 from nmt.errors import NmtError
 from nmt.checkpoint import load_checkpoint
@@ -436,7 +438,7 @@ class Evil:
         return (os.system, (f"echo pwned > {os.environ['NMT_TEST_MARK']}",))
 
 
-def test_crafted_pickle_is_refused_by_every_cli(tmp_path, monkeypatch):
+def test_crafted_pickle_is_refused_by_every_cli(tmp_path, monkeypatch, data_dir):
     mark = tmp_path / "pwned"
     monkeypatch.setenv("NMT_TEST_MARK", str(mark))
     evil = tmp_path / "evil.pt"
@@ -458,13 +460,27 @@ def test_crafted_pickle_is_refused_by_every_cli(tmp_path, monkeypatch):
         (generate_main, [str(raw), "-i", str(src)], str(raw)),
         (train_main, ["--average", str(evil), str(raw), "--output", str(tmp_path / "avg.pt")],
          str(evil)),
+        (train_main, [data_dir, "--init-from", str(evil), "--max-update", "1", "--save-dir",
+                      str(tmp_path / "init")], str(evil)),
+        (export_main, [str(evil), str(tmp_path / "ct2")], str(evil)),
+        (export_main, ["--format", "huggingface", str(evil), str(tmp_path / "hf")], str(evil)),
+        (import_main, ["fairseq", str(evil), "--data", str(tmp_path), "--output",
+                       str(tmp_path / "imported.pt")], str(evil)),
     ]
     for cli, args, name in cases:
         r = runner.invoke(cli, args)
         assert r.exit_code == 1, r.output
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and name in lines[0] and "refused" in lines[0], r.stderr
-    assert not (tmp_path / "avg.pt").exists()
+    for made in ("avg.pt", "init", "ct2", "hf", "imported.pt"):
+        assert not (tmp_path / made).exists(), made
+    # nmt-serve loads its models after it starts listening: it stops with the one line last
+    r = subprocess.run([sys.executable, "-m", "nmt.cli.serve", str(evil), "--port", "0",
+                        "--device", "cpu"], capture_output=True, text=True, env=ENV,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("nmt-serve: error: " + str(evil)), r.stderr
+    assert "refused" in last and "Traceback" not in r.stderr
     # Resuming skips the refused file (with a warning) and, with nothing else, stops.
     fake = FakeData(n_train=20)
     with pytest.raises(NmtError, match="no intact checkpoint"):

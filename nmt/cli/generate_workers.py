@@ -12,6 +12,7 @@ fork) and hold at most two chunks each, so memory stays bounded whatever the inp
 from __future__ import annotations
 
 import logging
+import os
 import queue
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -59,6 +60,8 @@ def _worker(spec: WorkerSpec, tasks, results) -> None:
             out, texts = translate_chunk(translator, spec.cfg, chunk, first,
                                          lambda n: results.put(("progress", n)))
             tokens = sum(len(r.hypotheses[0].ids) for r in out if r.hypotheses)
+            logging.getLogger("nmt.generate").debug(
+                "worker %d: lines %d-%d translated", os.getpid(), first, first + len(chunk) - 1)
             results.put(("done", index, texts, tokens))
     except NmtError as e:
         results.put(("error", str(e)))
