@@ -134,6 +134,9 @@ class Transformer(nn.Module):
         # int8 decoding only (nmt.models.quantize): a quantized copy of the tied output
         # projection. None otherwise, so training, fp32/bf16/fp16 and checkpoints never see it.
         self.quantized_output: nn.Module | None = None
+        # CPU decoding in fp32/bf16 (nmt.models.packed): a copy of the projection packed for
+        # oneDNN. None otherwise.
+        self.packed_output: nn.Module | None = None
 
     @staticmethod
     def _embedding(n: int, d: int, pad_idx: int) -> nn.Embedding:
@@ -228,6 +231,8 @@ class Transformer(nn.Module):
         (the embedding lookups keep the float one)."""
         if self.quantized_output is not None:
             logits = self.quantized_output(x)
+        elif self.packed_output is not None:
+            logits = self.packed_output(x)
         else:
             logits = nn.functional.linear(x, self.projection_weight)
         if self.output_bias is not None:

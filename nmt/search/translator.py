@@ -181,6 +181,10 @@ class Translator:
                 from nmt.models.quantize import quantize_int8
 
                 model = quantize_int8(model)
+            else:
+                from nmt.models.packed import pack_linears
+
+                pack_linears(model)         # on a CPU: weights packed once for oneDNN
             models.append(model)
         translator = cls(models, codecs[0], codecs[1],
                          search=(search or SearchConfig()).resolve(cfg), batch=batch, device=dev,
