@@ -72,6 +72,24 @@ def test_the_loss_equals_a_direct_computation_of_two_passes():
         assert torch.allclose(grads[k], p.grad, rtol=1e-4, atol=1e-6), (k, (grads[k] - p.grad).abs().max())
 
 
+@pytest.mark.parametrize("eps", [0.1, 0.0])
+def test_the_fused_loss_equals_autograd_through_rdrop_loss(eps):
+    """fused_rdrop_loss (chunked, its gradient computed in the forward) against autograd
+    through rdrop_loss, in float64: values and gradients to rounding."""
+    from nmt.training.loss import fused_rdrop_loss, rdrop_loss
+
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(2 * 7, 13, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    t = torch.randint(0, 13, (7,), generator=g)
+    want = rdrop_loss(torch.log_softmax(z, -1), t, eps, 3.0)
+    (gw,) = torch.autograd.grad(want[0], z)
+    got = fused_rdrop_loss(z, t, eps, 3.0, chunk=3)
+    (gg,) = torch.autograd.grad(got[0], z)
+    for a, b in zip(got, want):
+        assert a.item() == pytest.approx(b.item(), rel=1e-12)
+    assert torch.allclose(gg, gw, rtol=1e-10, atol=1e-13)
+
+
 def test_without_dropout_both_passes_are_the_plain_loss():
     """No dropout: the two copies are the same computation, so the KL term is zero and the
     loss is the plain loss (which also checks that the second copy's targets line up)."""

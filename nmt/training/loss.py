@@ -165,6 +165,76 @@ def linear_smoothed_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None
                                              torch.is_grad_enabled())
 
 
+class _RDropLoss(torch.autograd.Function):
+    """rdrop_loss from the logits, a chunk of rows at a time, with its gradient computed in
+    the forward pass: per chunk the two passes' log-probabilities, probabilities and their
+    difference stay in cache, and only the [2N, V] gradient is kept for backward (autograd
+    through rdrop_loss keeps some ten [2N, V] arrays and reads them again; R-Drop's loss cost
+    about as much as the rest of a Multi30k literature update that way).
+
+    With q the label-smoothed target distribution, d = log p1 - log p2 and K the symmetric
+    term (1/2) sum_v (p1 - p2) d: dCE/dz1 = p1 - q, dK/dz1 = (p1 (d - sum_v p1 d) + p1 - p2)
+    / 2, and dK/dz2 the same with 1 and 2 exchanged (d -> -d).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, alpha: float,
+                chunk: int, grad_enabled: bool):
+        n, v = target.size(0), logits.size(1)
+        eps_i = epsilon / (v - 1) if v > 1 else 0.0
+        on_target = 1.0 - epsilon - eps_i
+        want = ctx.needs_input_grad[0] and grad_enabled
+        grad = torch.empty_like(logits) if want else None
+        nll = logits.new_zeros((), dtype=torch.float64)
+        smooth = logits.new_zeros((), dtype=torch.float64)
+        kl = logits.new_zeros((), dtype=torch.float64)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            t = target[s:e].unsqueeze(-1)
+            lp1 = torch.log_softmax(logits[s:e], dim=-1)
+            lp2 = torch.log_softmax(logits[n + s:n + e], dim=-1)
+            nll -= lp1.gather(-1, t).sum(dtype=torch.float64) + lp2.gather(
+                -1, t).sum(dtype=torch.float64)
+            if epsilon:
+                smooth -= lp1.sum(dtype=torch.float64) + lp2.sum(dtype=torch.float64)
+            d = lp1 - lp2
+            p1, p2 = lp1.exp_(), lp2.exp_()                     # in place: lp no longer needed
+            diff = p1 - p2
+            kl += 0.5 * (diff * d).sum(dtype=torch.float64)
+            if grad is None:
+                continue
+            # loss = (CE1 + CE2) / 2 + alpha * K / 2; per pass: (p - q) / 2 + alpha * dK / 2
+            for g, p, sign in ((grad[s:e], p1, 1.0), (grad[n + s:n + e], p2, -1.0)):
+                centred = d - (p * d).sum(-1, keepdim=True)      # d - sum_v p d
+                torch.mul(p, centred, out=g)
+                g.mul_(sign).add_(diff, alpha=sign).mul_(0.25 * alpha)   # alpha dK / 2
+                g.add_(p, alpha=0.5)
+                if eps_i:
+                    g.sub_(0.5 * eps_i)
+                g.scatter_add_(-1, t, g.new_full(t.shape, -0.5 * on_target))
+        nll = nll.to(logits.dtype)
+        ce = (on_target * nll + eps_i * smooth.to(logits.dtype)) if epsilon else nll
+        kl = kl.to(logits.dtype)
+        loss = 0.5 * (ce + alpha * kl)
+        if grad is not None:
+            ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(nll, kl)
+        return loss, 0.5 * nll, kl
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss: Tensor, grad_nll, grad_kl):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None, None, None, None
+
+
+def fused_rdrop_loss(logits: Tensor, target: Tensor, epsilon: float, alpha: float,
+                     chunk: int = 256) -> tuple[Tensor, Tensor, Tensor]:
+    """rdrop_loss(log_softmax(logits), target, epsilon, alpha), from the logits [2N, V] of the
+    two passes (float32 or float64), without autograd's [2N, V] intermediates."""
+    return _RDropLoss.apply(logits, target, epsilon, alpha, chunk, torch.is_grad_enabled())
+
+
 def rdrop_loss(lprobs: Tensor, target: Tensor, epsilon: float,
                alpha: float) -> tuple[Tensor, Tensor, Tensor]:
     """R-Drop (Liang et al. 2021, eq. 3) from the log-probabilities of two passes of one batch
@@ -244,14 +314,13 @@ class ModelWithLoss(torch.nn.Module):
     def _rdrop(self, src_tokens: Tensor, prev_output_tokens: Tensor, positions: Tensor,
                tgt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """R-Drop: the batch twice in one forward (every row draws its own dropout masks),
-        then rdrop_loss on the two sets of log-probabilities."""
+        then rdrop_loss on the two passes' logits (fused_rdrop_loss)."""
         b, t = prev_output_tokens.shape
         hidden = self.model(torch.cat([src_tokens, src_tokens]),
                             torch.cat([prev_output_tokens, prev_output_tokens]),
                             return_hidden=True)                                   # [2B, T, D]
         h = hidden.flatten(0, 1).index_select(0, torch.cat([positions, positions + b * t]))
-        lprobs = torch.log_softmax(self._logits(h), dim=-1)                       # [2N, V]
-        return rdrop_loss(lprobs, tgt, self.epsilon, self.rdrop_alpha)
+        return fused_rdrop_loss(self._logits(h), tgt, self.epsilon, self.rdrop_alpha)
 
 
 def perplexity(nll_per_token_nats: float) -> float:
