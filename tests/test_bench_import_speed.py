@@ -1,4 +1,4 @@
-"""benchmarks/bench_import_speed.py (issue 28) in its quick mode: the harness runs all three
+"""benchmarks/bench_import_speed.py in its quick mode: the harness runs all three
 engines, every sentence gets the fixed output length from each, and nmt, transformers and
 CTranslate2 give the same output in fp32 greedy decoding on the same weights, which is what
 makes their speeds comparable. No timing assertions."""

@@ -1,4 +1,4 @@
-"""The code's shape (issue 27): no function in nmt/ is longer than 80 lines, and the training
+"""The code's shape: no function in nmt/ is longer than 80 lines, and the training
 run, nmt/training/loop.py, stays readable top to bottom in one sitting (under 350 lines)."""
 
 import ast

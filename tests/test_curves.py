@@ -1,4 +1,4 @@
-"""curves.png after every run, and nmt-train --tensorboard-logdir (issue 15)."""
+"""curves.png after every run, and nmt-train --tensorboard-logdir."""
 
 import json
 import os

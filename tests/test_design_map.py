@@ -1,4 +1,4 @@
-"""docs/DESIGN.md's "Where things live" is true to the code (issue 27): each module or package
+"""docs/DESIGN.md's "Where things live" is true to the code: each module or package
 imports only what its row allows."""
 
 from __future__ import annotations

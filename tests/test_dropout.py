@@ -1,5 +1,5 @@
 """nmt-train --dropout-masks: torch's own dropout by default, cheaper masks on request
-(issue 14: training speed)."""
+(training speed)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""nmt-export --format ctranslate2 (issue 14): a CTranslate2 model directory that translates as
+"""nmt-export --format ctranslate2: a CTranslate2 model directory that translates as
 nmt does. A tiny model trained for a few seconds on the bundled corpus (sentencepiece BPE
 through the real nmt-preprocess) is exported and translated by ctranslate2.Translator, directly
 and through OUT/translate.py (the program README.txt shows): greedy outputs equal nmt's on

@@ -1,4 +1,4 @@
-"""nmt-generate --output FILE -i INPUT resumes (issue 30): real processes killed with SIGKILL or
+"""nmt-generate --output FILE -i INPUT resumes: real processes killed with SIGKILL or
 SIGTERM, or stopped by a file size limit (a full disk), then rerun; the finished file is
 compared byte for byte with an uninterrupted run's. A rerun that differs is refused with one
 line naming the difference; --overwrite starts afresh."""

@@ -1,4 +1,4 @@
-"""nmt-generate -i FILE reads the file a chunk at a time (issue 30): its memory does not grow
+"""nmt-generate -i FILE reads the file a chunk at a time: its memory does not grow
 with the input, and its output is that of the same lines through stdin."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""nmt-generate under torchrun (issue 30): each rank translates its share of the input into a
+"""nmt-generate under torchrun: each rank translates its share of the input into a
 resumable shard, rank 0 merges them into one file byte-identical to a one-process run; a rank
 killed with SIGKILL is restarted by torchrun (--max-restarts) and resumes its shard. Real
 torchrun on CPU where it matters; a rank's environment set by hand where one rank at a time

@@ -1,4 +1,4 @@
-"""nmt-generate --workers N (issue 30): N decoding processes whose output, merged in input
+"""nmt-generate --workers N: N decoding processes whose output, merged in input
 order, is byte for byte the one-process output (beam and sampling); with --output it resumes
 after a kill -9 like one process; a worker that dies is a one-line error, and its lines are
 resumed by a rerun. Real processes throughout."""

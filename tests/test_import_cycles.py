@@ -1,4 +1,4 @@
-"""No import cycles inside nmt/ (issue 27): every `import` and `from ... import` of an nmt
+"""No import cycles inside nmt/: every `import` and `from ... import` of an nmt
 module, at module level or deferred inside a function, is an edge; the graph must be acyclic.
 
 A deferred import hides a cycle from Python but not from a reader: two modules that need each

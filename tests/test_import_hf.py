@@ -1,4 +1,4 @@
-"""nmt-import huggingface and nmt-export --format huggingface (issue 28), against transformers
+"""nmt-import huggingface and nmt-export --format huggingface, against transformers
 itself: a small random MarianMTModel (swish, scaled embeddings, a non-zero final logits bias)
 with sentencepiece models trained here, as OPUS-MT ships them; nothing is downloaded."""
 

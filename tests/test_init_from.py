@@ -1,4 +1,4 @@
-"""nmt-train --init-from CKPT (issue 15): a new run that starts from a trained model's weights,
+"""nmt-train --init-from CKPT: a new run that starts from a trained model's weights,
 with a fresh optimizer, learning-rate schedule and data position; the model configuration is
 the checkpoint's, its vocabularies must be the data directory's."""
 

@@ -1,4 +1,4 @@
-"""Lexically constrained decoding (nmt.search.lexical, issue 31): every constraint appears in
+"""Lexically constrained decoding (nmt.search.lexical): every constraint appears in
 every output, dynamic beam allocation finds what a plain beam prunes, a line translates the
 same whatever its batch, and nmt-generate's jsonl "constraints" (nmt-serve's field:
 test_serve). Each test first shows what happens without constraints, so that it can fail."""

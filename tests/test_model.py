@@ -1,4 +1,4 @@
-"""The Transformer and the architecture registry (issue 2)."""
+"""The Transformer and the architecture registry."""
 
 import math
 

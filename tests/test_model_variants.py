@@ -1,4 +1,4 @@
-"""The model variants imported models need (issue 28): activation, embedding scaling, sinusoid
+"""The model variants imported models need: activation, embedding scaling, sinusoid
 layouts, position offsets, layernorm_embedding, output bias, untied output projection, the
 decoder start symbol and the length penalty formulas. Defaults are the paper's: a model built
 with every new field at its default is today's model."""

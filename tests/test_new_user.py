@@ -1,4 +1,4 @@
-"""What a new user hits (issue 16), each through the real command: rerunnable preprocessing,
+"""What a new user hits, each through the real command: rerunnable preprocessing,
 pipelines whose first command failed, one-line usage errors with suggestions, --split with a
 checkpoint, tok-bleu without --lang, the warm-up warning, readable captured logs."""
 

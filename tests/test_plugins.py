@@ -1,4 +1,4 @@
-"""--user-dir (issue 31): an architecture registered by the user's own package trains with
+"""--user-dir: an architecture registered by the user's own package trains with
 nmt-train --arch, and the checkpoint it writes decodes without the plugin."""
 
 from __future__ import annotations

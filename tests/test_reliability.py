@@ -295,7 +295,7 @@ def test_second_signal_stops_at_once(tmp_path, monkeypatch):
     assert assert_every_checkpoint_is_intact(tmp_path) == [
         "checkpoint_2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
     assert e.value.exit_code == 128 + signal.SIGTERM
-    # The message names what a rerun resumes from (issue 16).
+    # The message names what a rerun resumes from.
     assert str(e.value) == (f"stopped at once by a second SIGTERM; {tmp_path / 'checkpoint_2.pt'}"
                             f" is intact (checkpoints are written atomically): the same command "
                             f"resumes from it")
@@ -303,8 +303,7 @@ def test_second_signal_stops_at_once(tmp_path, monkeypatch):
 
 def test_a_signal_during_validation_decoding_stops_it_at_once(tmp_path, monkeypatch):
     """Decoding the valid split can take minutes: a signal stops it after the current batch,
-    then the run saves and stops there, as a signal at that update does (issue 16: Ctrl-C must
-    not seem ignored). The resumed run validates those weights first, so the best checkpoint
+    then the run saves and stops there, as a signal at that update does. The resumed run validates those weights first, so the best checkpoint
     and --patience are the uninterrupted run's."""
     from nmt.search.translator import Translator
 

@@ -1,5 +1,5 @@
 """Files from outside: a data directory's meta.json, its shards and subword models, and a
-checkpoint are checked before they are trusted (issue 29, items 6, 7, 8 and 10).
+checkpoint are checked before they are trusted.
 
 Every test writes the crafted file for real (meta.json, a .bin shard, a checkpoint saved with
 torch.save, a garbage sentencepiece model) and runs the real console script on it: a one-line

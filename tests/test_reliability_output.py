@@ -1,4 +1,4 @@
-"""Nothing lost, nothing mislabelled on the way out (issue 29): every byte of output written or
+"""Nothing lost, nothing mislabelled on the way out: every byte of output written or
 a one-line error naming the output, under PYTHONUNBUFFERED=1 too (a real file size limit makes
 the kernel take part of a write); jsonl ids that count input lines across chunks; SIGTERM and
 SIGINT that never cut a line in a pipe and never leave a temporary file; temporary directories

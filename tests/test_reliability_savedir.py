@@ -1,5 +1,5 @@
 """One writer per directory, a fresh run never mixed with an old one's files, every checkpoint
-byte written or an error naming the file (issue 29, items 2, 3, 5 and 10).
+byte written or an error naming the file.
 
 The locks are tested with real processes (a running nmt-train and a second one; a lock held by
 this process against a real nmt-preprocess), full disks with a real tmpfs and a real file-size

@@ -1,4 +1,4 @@
-"""Resuming continues only the run a checkpoint belongs to (issue 16): another vocabulary is
+"""Resuming continues only the run a checkpoint belongs to: another vocabulary is
 refused in one line, changed optimisation options are named, never taken silently."""
 
 import numpy as np

@@ -433,7 +433,7 @@ def test_ensemble_averages_probabilities():
     assert all(r[0].tokens[-1] == EOS for r in res)
 
 
-# --- length penalty formulas (issue 28): fairseq's and transformers' ---------------------------
+# --- length penalty formulas: fairseq's and transformers' ---------------------------
 
 def reference_beam_rule(dist, key, beam, alpha, max_len, formula):
     """reference_beam with lp(|Y|) = |Y|^alpha, and, for "hf", transformers' rule for when a

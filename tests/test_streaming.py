@@ -1,5 +1,5 @@
 """nmt-generate reading a pipe: a program that writes one line and waits for its translation
-gets it (issue 15), and a file piped in is still translated whole and in order."""
+gets it, and a file piped in is still translated whole and in order."""
 
 from __future__ import annotations
 

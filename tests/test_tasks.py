@@ -1,4 +1,4 @@
-"""The task is recorded, not guessed (issue 27): nmt-preprocess writes it to meta.json (--task,
+"""The task is recorded, not guessed: nmt-preprocess writes it to meta.json (--task,
 or inferred once from the target vocabulary), checkpoints carry it, and decoding and validation
 follow what is recorded; files written before tasks were recorded are inferred once, at load."""
 

@@ -1,4 +1,4 @@
-"""nmt-train's optimisation controls for fairseq users (issue 31): --lr, --lr-scheduler
+"""nmt-train's optimisation controls for fairseq users: --lr, --lr-scheduler
 noam|inverse_sqrt|cosine with --warmup-init-lr and --min-lr, --optimizer adam|adamw with
 --weight-decay; each reaches the update through the real command, is recorded in the
 checkpoint and named when a resumed run changes it."""
