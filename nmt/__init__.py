@@ -31,3 +31,8 @@ def __getattr__(name):
         from nmt.search.translator import Translator
         return Translator
     raise AttributeError(f"module 'nmt' has no attribute '{name}'")
+
+
+def __dir__():
+    """The public API first among the module's names, the lazy ones included."""
+    return sorted(set(globals()) | set(__all__))

@@ -346,13 +346,13 @@ def _check_destination(out: str | os.PathLike, force: bool,
         if not dest.is_dir():
             raise NmtError(f"{dest}: exists and is not a directory")
         if any(dest.iterdir()) and not force:
-            raise NmtError(f"{dest}: exists and is not empty (use --force to replace it)")
+            raise NmtError(f"{dest}: exists and is not empty (use --overwrite to replace it)")
         if any(dest.iterdir()) and not _is_export(dest):
             raise NmtError(f"{dest}: is not a model directory nmt-export wrote (no "
-                           f"nmt_export.json, nor a config.json with nmt's mark), and --force "
+                           f"nmt_export.json, nor a config.json with nmt's mark), and --overwrite "
                            f"replaces only one; give another directory, or remove it yourself")
         if dest.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
-            raise NmtError(f"{dest}: is the current directory or one above it, which --force "
+            raise NmtError(f"{dest}: is the current directory or one above it, which --overwrite "
                            f"would replace; give another directory")
     return dest
 
@@ -360,7 +360,7 @@ def _check_destination(out: str | os.PathLike, force: bool,
 def _is_export(d: Path) -> bool:
     """A directory nmt-export wrote: CTranslate2's (nmt_export.json) or a Marian one (its
     config.json carries nmt's own key; a Marian model downloaded from the Hub has none, and
-    --force must not delete it)."""
+    --overwrite must not delete it)."""
     from nmt.export_hf import is_hf_export
 
     return (d / "nmt_export.json").is_file() or is_hf_export(d)

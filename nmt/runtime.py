@@ -82,11 +82,12 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-# --precision auto takes bf16 on a CPU only for models at least this wide: below it the matrix
-# products are too small for bf16 to pay for its conversions (on an AMD EPYC with
-# AVX512-BF16, BENCHMARKS.md: transformer_tiny, d_model 64, decodes about 2x slower in bf16;
-# transformer_small, d_model 256, 1.3x faster at the same BLEU).
-AUTO_BF16_MIN_WIDTH = 256
+# --precision auto takes bf16 on a CPU only for models at least this wide. Measured on an AMD
+# EPYC with AVX512-BF16 against fp32 with its linear layers packed (nmt.models.packed;
+# BENCHMARKS.md): transformer_tiny (d_model 64) decodes 1.7x slower in bf16, transformer_small
+# (256) at the same speed with 300-400 MB more memory, the OPUS-MT architecture (512) 1.3x
+# faster.
+AUTO_BF16_MIN_WIDTH = 512
 
 
 def auto_precision(device: "torch.device", d_model: int | None) -> tuple[str, str]:

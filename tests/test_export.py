@@ -326,11 +326,14 @@ def test_cli_prints_the_directory_and_reads_a_piped_path(ckpt_file, tmp_path):
     assert (tmp_path / "ct2" / "model.bin").is_file()
     code, out, err = invoke(["-", tmp_path / "piped"], stdin=f"{ckpt_file}\n")
     assert code == 0 and out == f"{tmp_path / 'piped'}\n", err
-    # An existing empty directory is fine; a non-empty one is replaced with --force only.
+    # An existing empty directory is fine; a non-empty one is replaced with --overwrite only.
     (tmp_path / "empty").mkdir()
     assert invoke([ckpt_file, tmp_path / "empty"])[0] == 0
-    code, out, err = invoke([ckpt_file, tmp_path / "ct2", "--force"])
+    code, out, err = invoke([ckpt_file, tmp_path / "ct2", "--overwrite"])
     assert code == 0 and out == f"{tmp_path / 'ct2'}\n", err
+    # the old name still works, and says it is the old name
+    code, out, err = invoke([ckpt_file, tmp_path / "ct2", "--force"])
+    assert code == 0 and "--force is the old name of --overwrite" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "empty", "model.pt", "piped"]
 
 
@@ -344,10 +347,10 @@ def test_cli_bad_input_is_one_line(ckpt_file, tmp_path):
     (busy / "keep.txt").write_text("mine")
     code, out, err = invoke([ckpt_file, busy])
     assert code == 1 and out == ""
-    assert "exists and is not empty (use --force to replace it)" in one_line(err)
+    assert "exists and is not empty (use --overwrite to replace it)" in one_line(err)
     assert os.listdir(busy) == ["keep.txt"]
-    # --force replaces only a model directory nmt-export wrote, never the user's files
-    code, out, err = invoke([ckpt_file, busy, "--force"])
+    # --overwrite replaces only a model directory nmt-export wrote, never the user's files
+    code, out, err = invoke([ckpt_file, busy, "--overwrite"])
     assert code == 1 and "is not a model directory nmt-export wrote" in one_line(err)
     assert os.listdir(busy) == ["keep.txt"]
 
@@ -356,11 +359,11 @@ def test_cli_bad_input_is_one_line(ckpt_file, tmp_path):
     hub.mkdir()
     (hub / "config.json").write_text('{"model_type": "marian"}')
     (hub / "model.safetensors").write_bytes(b"weights")
-    code, out, err = invoke([ckpt_file, hub, "--force"])
+    code, out, err = invoke([ckpt_file, hub, "--overwrite"])
     assert code == 1 and "is not a model directory nmt-export wrote" in one_line(err)
     assert sorted(os.listdir(hub)) == ["config.json", "model.safetensors"]
 
-    code, out, err = invoke([ckpt_file, tmp_path, "--force"])       # where the checkpoint is
+    code, out, err = invoke([ckpt_file, tmp_path, "--overwrite"])   # where the checkpoint is
     assert code == 1 and "holds the checkpoint" in one_line(err) and ckpt_file.is_file()
 
     code, out, err = invoke([ckpt_file, tmp_path / "out", "--quantization", "int4"])

@@ -15,8 +15,9 @@ from test_translator import make_checkpoint
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("native, width, want", [(True, 256, "bf16"), (True, 1024, "bf16"),
-                                                 (True, 128, "fp32"), (False, 512, "fp32")])
+@pytest.mark.parametrize("native, width, want", [(True, 512, "bf16"), (True, 1024, "bf16"),
+                                                 (True, 256, "fp32"), (True, 128, "fp32"),
+                                                 (False, 512, "fp32")])
 def test_auto_on_a_cpu(monkeypatch, native, width, want):
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
     precision, why = runtime.auto_precision(CPU, width)

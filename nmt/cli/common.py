@@ -195,9 +195,27 @@ class Command(click.Command):
         return names + ["--help"]
 
 
+# What users call a subcommand by other names (nmt-import hf -> huggingface).
+SUBCOMMAND_HINTS = {"hf": "huggingface", "hugging-face": "huggingface", "marian": "huggingface",
+                    "opus-mt": "huggingface", "transformers": "huggingface"}
+
+
 class Group(Command, click.Group):
     """A click group (a command with subcommands, ``nmt-import huggingface ...``) whose usage
-    errors are one line too: ``@click.group(cls=Group, prog="nmt-import")``."""
+    errors are one line too: ``@click.group(cls=Group, prog="nmt-import")``; an unknown
+    subcommand names the one it probably means."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            names = list(self.list_commands(ctx))
+            pick = SUBCOMMAND_HINTS.get(name.lower()) or next(
+                iter(difflib.get_close_matches(name.lower(), names, 1, 0.6)), None)
+            if pick in names:
+                ctx.fail(f"No such command '{name}' (did you mean '{pick}'?).")
+        return super().resolve_command(ctx, args)
 
 
 def suggest_option(given: str, options: list[str]) -> str:

@@ -14,6 +14,8 @@ line on stdout.
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from nmt.cli.common import Command, handle_errors, read_path_from_stdin, setup_logging
@@ -42,19 +44,24 @@ PRECISION_NAMES = {"fp32": "float32", "int8": "int8"}
 @click.option("--precision", type=click.Choice(list(PRECISION_NAMES)), default=None,
               help="The same in nmt-generate's words: fp32 is --quantization float32, int8 "
                    "is --quantization int8.")
-@click.option("--force", is_flag=True, help="Replace OUT if it is a model directory nmt-export wrote (any other "
-                   "non-empty directory is refused).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace OUT if it is a model directory nmt-export wrote (any other "
+                   "non-empty directory is refused), as --overwrite does in every nmt command.")
+@click.option("--force", is_flag=True, hidden=True, help="The old name of --overwrite.")
 @log_options
 @handle_errors("nmt-export")
-def main(checkpoint, out, fmt, quantization, precision, force, verbose, quiet):
+def main(checkpoint, out, fmt, quantization, precision, overwrite, force, verbose, quiet):
     """Export checkpoint CKPT ('-': the path piped on stdin, as nmt-train prints it) to the
     model directory OUT. README.txt in OUT says how to tokenize, translate and detokenize with
     CTranslate2 as nmt-generate does."""
     setup_logging(verbose, quiet)
+    if force:
+        logging.getLogger("nmt").warning("--force is the old name of --overwrite; it still works")
+        overwrite = True
     quantization = _quantization(quantization, precision)
     if checkpoint == "-":
         checkpoint = read_path_from_stdin("checkpoint")
-    dest = export_model(checkpoint, out, format=fmt, quantization=quantization, force=force)
+    dest = export_model(checkpoint, out, format=fmt, quantization=quantization, force=overwrite)
     print_line(str(dest))
 
 
