@@ -76,7 +76,8 @@ OTHER = "other aten ops"
 # Categories an event takes from its own name (checked in this order), and that the ops inside
 # it, or the backward of the forward op, inherit.
 OWN = [
-    (MATMUL, r"^aten::(addmm|mm|bmm|baddbmm|addbmm|_addmm_activation)$"),
+    (MATMUL, r"^aten::(addmm|mm|bmm|baddbmm|addbmm|_addmm_activation)$"
+             r"|^mkldnn::_linear_pointwise$"),     # nmt.models.packed's linear layers
     (GLUE, r"^aten::(linear|matmul)$"),
     (ATTENTION, r"(?i)scaled_?dot_?product|flash_?attention|efficient_?attention"
                 r"|^aten::_?softmax$|^aten::_softmax_backward_data$"),
@@ -264,7 +265,7 @@ def generic_category(name: str) -> str:
 
 
 def is_op(name: str) -> bool:
-    return name.startswith("aten::")
+    return name.startswith(("aten::", "mkldnn::"))
 
 
 class Attribution:
