@@ -169,8 +169,9 @@ class _RDropLoss(torch.autograd.Function):
     """rdrop_loss from the logits, a chunk of rows at a time, with its gradient computed in
     the forward pass: per chunk the two passes' log-probabilities, probabilities and their
     difference stay in cache, and only the [2N, V] gradient is kept for backward (autograd
-    through rdrop_loss keeps some ten [2N, V] arrays and reads them again; R-Drop's loss cost
-    about as much as the rest of a Multi30k literature update that way).
+    through rdrop_loss keeps some ten [2N, V] arrays and reads them again). On one thread its
+    forward and backward for 2 x 1,900 tokens x 10,000 classes take 0.45 s of CPU against
+    autograd's 0.88 s; on 2 threads a Multi30k literature update was not measurably faster.
 
     With q the label-smoothed target distribution, d = log p1 - log p2 and K the symmetric
     term (1/2) sum_v (p1 - p2) d: dCE/dz1 = p1 - q, dK/dz1 = (p1 (d - sum_v p1 d) + p1 - p2)
