@@ -22,7 +22,8 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002 
            choices: Sequence[str] | None = None, metavar: str | None = None,
            multiple: bool = False, parse: Callable[[Any], Any] | None = None,
            cli_type: Any = None, show_default: bool | str = True, cli: bool = True,
-           default_factory: Callable[[], Any] | None = None) -> Any:
+           default_factory: Callable[[], Any] | None = None,
+           aliases: Sequence[str] = ()) -> Any:
     """A dataclass field that is also a command-line option.
 
     ``flag``: the long option (default ``--field-name``); ``short``: e.g. ``-a``;
@@ -30,12 +31,13 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002 
     ``choices``: allowed values; ``multiple``: repeatable, collected into a list;
     ``parse``: converts the command-line value (e.g. '90m' -> 5400.0) before it is stored;
     ``cli_type``: the value type on the command line when it differs from the field's;
-    ``cli=False``: a field with no option (set by the program, not the user).
+    ``cli=False``: a field with no option (set by the program, not the user);
+    ``aliases``: other long names of the option (the spelling another nmt command uses).
     """
     meta = {"help": help, "flag": flag, "short": short, "negatable": negatable,
             "choices": tuple(choices) if choices else None, "metavar": metavar,
             "multiple": multiple, "parse": parse, "cli_type": cli_type,
-            "show_default": show_default, "cli": cli}
+            "show_default": show_default, "cli": cli, "aliases": tuple(aliases)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata={"nmt": meta})
     return dataclasses.field(default=default, metadata={"nmt": meta})

@@ -251,7 +251,8 @@ def test_options_are_the_score_config_and_ref_is_required(tmp_path):
     hyp.write_text("the cat sat on the mat\n")
     r = cli("-i", hyp)
     assert r.returncode == 2 and r.stdout == b""
-    assert r.stderr.decode().splitlines() == ["nmt-score: error: Missing option '--ref' / '-r'."]
+    assert r.stderr.decode().splitlines() == [
+        "nmt-score: error: Missing option '--ref' / '--reference' / '-r'."]
     r = cli("-i", hyp, "-r", hyp, "-r", hyp, "-m", "bleu", "--json", "-w", "2")
     assert r.returncode == 0 and json.loads(r.stdout)["score"] == 100.0
 

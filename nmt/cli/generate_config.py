@@ -118,7 +118,7 @@ class GenerateConfig:
                "--nbest, --sampling or --print-alignment.")
     reference: str | None = option(
         None, "--score-reference with text input: the targets, one per line of the input.",
-        metavar="PATH")
+        metavar="PATH", aliases=("--ref",))
     print_alignment: bool = option(
         False, "jsonl output: add \"alignment\", for each target word the source word its "
                "encoder-decoder attention weighs most (head-averaged), and "

@@ -31,7 +31,7 @@ def _click_option(f: dataclasses.Field, hints: dict[str, Any]) -> Callable[[F], 
     meta = option_meta(f) or {}
     tp = _base_type(hints[f.name])
     long = flag_name(f)
-    names = [long] if not meta.get("short") else [long, meta["short"]]
+    names = [long, *meta.get("aliases", ())] + ([meta["short"]] if meta.get("short") else [])
     kwargs: dict[str, Any] = {"help": meta.get("help", ""), "metavar": meta.get("metavar")}
     default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
                else f.default)

@@ -50,7 +50,8 @@ class ScoreConfig:
 
     refs: list[str] = option(
         help="Reference file, one sentence (or gold tree) per line. Repeat for several "
-             "references.", flag="--ref", short="-r", multiple=True, metavar="FILE")
+             "references.", flag="--ref", aliases=("--reference",), short="-r", multiple=True,
+        metavar="FILE")
     hyp: str | None = option(
         None, "Hypotheses, one per line, in the references' order (default: stdin).",
         short="-i", metavar="FILE")
