@@ -714,14 +714,14 @@ def test_requests_take_turns_and_a_departed_client_costs_nothing_more(ckpt, tmp_
 
 
 def test_a_request_past_its_timeout_gets_503_and_its_work_is_dropped(ckpt, tmp_path):
-    s = long_server(tmp_path, ckpt, "--request-timeout", 2)
+    s = long_server(tmp_path, ckpt, "--request-timeout", 1)
     try:
         lines = long_lines()
         start = time.monotonic()
         status, answer = request(s.url + "/translate",
                                  json.dumps({"text": lines, **LONG}).encode())
         assert status == 503 and "--request-timeout" in answer["error"], answer
-        assert 1.9 < time.monotonic() - start < 30
+        assert 0.9 < time.monotonic() - start < 30
         s.wait_for(r"\d+ sentences of cancelled requests dropped")
         assert translate(s.url, text=["w1 w2"]) == generate(ckpt, tmp_path, ["w1 w2"])
     finally:
