@@ -70,6 +70,17 @@ def precision_dtype(precision: str) -> "torch.dtype":
     return getattr(torch, _DTYPES[precision])
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (taskset, a container's cpuset),
+    not every CPU of the host (what --workers 0 means in nmt-preprocess and nmt-generate)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):          # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU has native bf16 matrix units (AVX512-BF16/AMX), where bf16 decoding is
     about twice the fp32 speed (opt-in: it rounds weights and activations to 8 significant
@@ -153,4 +164,4 @@ def check_precision(precision: str, device: "torch.device", *,
 
 __all__ = ["PRECISIONS", "TRAINING_PRECISIONS", "QUANTIZED_PRECISIONS", "resolve_device",
            "precision_dtype", "check_precision", "check_training_precision",
-           "cpu_has_native_bf16", "auto_precision", "AUTO_BF16_MIN_WIDTH"]
+           "cpu_has_native_bf16", "auto_precision", "AUTO_BF16_MIN_WIDTH", "usable_cpus"]

@@ -110,10 +110,18 @@ def test_killed_workers_run_resumes_to_the_one_process_output(f, tmp_path):
                   if not x.name.endswith(".nmt-written")) == ["out.txt"]
 
 
-def test_bad_worker_counts_are_refused(f):
-    r = _run(f, "--workers", "0", ok=False)
-    error_line("nmt-generate", r.returncode, r.stderr.decode(), "--workers must be >= 1, got 0")
+def test_bad_worker_counts_are_refused_and_0_means_one_per_cpu(f):
+    r = _run(f, "--workers", "-1", ok=False)
+    error_line("nmt-generate", r.returncode, r.stderr.decode(),
+               "--workers must be >= 0 (0: one per CPU), got -1")
     assert r.returncode == 2 and r.stdout == b""
+    # 0: as many workers as this process may use CPUs (as nmt-preprocess --workers 0)
+    from nmt.runtime import usable_cpus
+
+    r = _run(f, "--workers", "0")
+    n = usable_cpus()
+    assert (f"{n} workers x 1 thread(s)" in r.stderr.decode()) == (n > 1), r.stderr.decode()
+    assert r.stdout == _run(f, "-q").stdout
 
 
 @pytest.mark.slow        # ~9 s; CI runs it (.ci/run: -m slow)

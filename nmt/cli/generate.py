@@ -127,9 +127,10 @@ class _Progress:
 @config_options(GenerateConfig)
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Decoding processes on this machine, each with its own model and "
-                   "--threads // N threads; chunk i of --buffer-size lines goes to worker "
-                   "i mod N, and the output is the one-process output, in input order. "
-                   "Across GPUs or machines: torchrun (each rank one process; see below).")
+                   "--threads // N threads (0: one per CPU this process may use, as in "
+                   "nmt-preprocess); chunk i of --buffer-size lines goes to worker i mod N, "
+                   "and the output is the one-process output, in input order. Across GPUs "
+                   "or machines: torchrun (each rank one process; see below).")
 @click.option("--shard-timeout", type=float, default=60.0, show_default=True,
               help="Under torchrun (-i FILE --output OUT): rank 0, its share done, waits "
                    "for the other ranks' shards (OUT.shard-R-of-W.*) and merges them into "
@@ -181,8 +182,12 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
     """
     setup_runtime(verbose, quiet, threads)
     cfg: GenerateConfig = check_output(build_config(GenerateConfig, options))
-    if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if workers < 0:
+        raise UsageError(f"--workers must be >= 0 (0: one per CPU), got {workers}")
+    if workers == 0:
+        from nmt.runtime import usable_cpus
+
+        workers = usable_cpus()
     shard = torchrun_shard(cfg, checkpoints, workers)
     with rank_named(shard):
         paths, sources, split = _sources(checkpoints, cfg)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import random
 import shutil
 import time
@@ -128,14 +127,10 @@ class PreprocessConfig:
     chunk_size: int = option(10000, "Lines per worker task.", cli=False)
 
     def resolved_workers(self) -> int:
-        """--workers, or (0) the CPUs this process may run on: its affinity mask (taskset,
-        a container's cpuset), not every CPU of the host."""
-        if self.workers > 0:
-            return self.workers
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except (AttributeError, OSError):          # not Linux
-            return max(1, os.cpu_count() or 1)
+        """--workers, or (0) the CPUs this process may run on (nmt.runtime.usable_cpus)."""
+        from nmt.runtime import usable_cpus
+
+        return self.workers if self.workers > 0 else usable_cpus()
 
 
 @dataclass
