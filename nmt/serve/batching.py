@@ -29,6 +29,7 @@ one (``broken``; /ready then answers 503).
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import threading
 import time
@@ -108,9 +109,7 @@ class Batcher:
         if not ids:
             job.future.set_result([])
             return job.future
-        lengths = torch.tensor([x.size for x in ids])
-        steps = (max_lengths(lengths, search, self.translator.ensemble.max_positions) + 1
-                 ).tolist()
+        steps = step_limits(ids, search, self.translator.ensemble.max_positions)
         now = time.monotonic()
         with self._cond:
             if self.broken is not None:
@@ -227,8 +226,9 @@ class Batcher:
         search = job.search
         chosen: list[_Item] = []
         width = steps = 0                # longest source in the batch with eos; most steps
-        ordered = ([x for x in self._pending if x.job is job]
-                   + [x for x in self._pending if x.job is not job])
+        # lazily: the loop stops at the first sentence that would not fit
+        ordered = itertools.chain((x for x in self._pending if x.job is job),
+                                  (x for x in self._pending if x.job is not job))
         for item in ordered:
             if item.job.search != search:
                 continue
@@ -281,6 +281,13 @@ class Batcher:
                   len({id(it.job) for it in items}), 1000 * (time.perf_counter() - start))
 
 
+def step_limits(ids: Sequence[np.ndarray], search: SearchConfig,
+                max_positions: int | None) -> list[int]:
+    """Each sentence's search steps at most: its length limit + 1 (the eos)."""
+    lengths = torch.tensor([x.size for x in ids])
+    return (max_lengths(lengths, search, max_positions) + 1).tolist()
+
+
 def _settle(future: Future, result=None, error: BaseException | None = None) -> None:
     """Set ``future``'s result or error unless it is done already (e.g. cancelled)."""
     try:
@@ -292,4 +299,4 @@ def _settle(future: Future, result=None, error: BaseException | None = None) -> 
         pass
 
 
-__all__ = ["Batcher", "Stopping", "QueueFull"]
+__all__ = ["Batcher", "Stopping", "QueueFull", "step_limits"]

@@ -249,7 +249,9 @@ def encode(req: TranslateRequest, cfg: ServeConfig
                                     f"{cfg.max_output_tokens} output tokens "
                                     f"(--max-output-tokens)")
     if ids:
-        steps = search_steps(ids, s, t.ensemble.max_positions)
+        from nmt.serve.batching import step_limits
+
+        steps = s.beam * sum(step_limits(ids, s, t.ensemble.max_positions))
         if steps > cfg.max_request_search_tokens:
             raise RequestError(413, f"this request asks for up to {steps} search steps "
                                     f"(beam {s.beam} x each sentence's length limit + 1); this "
@@ -270,16 +272,6 @@ def encode(req: TranslateRequest, cfg: ServeConfig
         except NmtError as e:
             raise RequestError(400, str(e)) from None
     return ids, prefixes, _encode_constraints(req, ids, prefixes)
-
-
-def search_steps(ids: list[np.ndarray], search, max_positions: int | None) -> int:
-    """Search steps the sentences ``ids`` may take at most: beam x (length limit + 1) each."""
-    import torch
-
-    from nmt.search.generator import max_lengths
-
-    limits = max_lengths(torch.tensor([x.size for x in ids]), search, max_positions)
-    return int(search.beam * (limits + 1).sum())
 
 
 def _encode_constraints(req: TranslateRequest, ids: list[np.ndarray], prefixes

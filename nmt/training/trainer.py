@@ -57,7 +57,6 @@ class Trainer:
         self.model = model.to(self.device)
         self.criterion = ModelWithLoss(self.model, label_smoothing, pad_idx, loss_chunk,
                                        rdrop_alpha)
-        self.rdrop = rdrop_alpha > 0
         self.wrapped: nn.Module = self.criterion
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -118,7 +117,7 @@ class Trainer:
             self.schedule.advance()
         return StepStats(loss_sum, nll_sum, gnorm.detach(), ntok, counts[1], counts[2], lr,
                          skipped, StepSignals.from_floats(flags), nonfinite,
-                         kl_sum if self.rdrop else None)
+                         kl_sum if self.criterion.rdrop_alpha > 0 else None)
 
     def _forward_backward(self, batches: Sequence[Batch | None]) -> tuple:
         """Forward and backward over this rank's micro-batches; (loss, nll, kl, ntok, nsent,
