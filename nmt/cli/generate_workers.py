@@ -60,7 +60,7 @@ def _worker(spec: WorkerSpec, tasks, results) -> None:
             out, texts = translate_chunk(translator, spec.cfg, chunk, first,
                                          lambda n: results.put(("progress", n)))
             tokens = sum(len(r.hypotheses[0].ids) for r in out if r.hypotheses)
-            logging.getLogger("nmt.generate").debug(
+            log.debug(
                 "worker %d: lines %d-%d translated", os.getpid(), first, first + len(chunk) - 1)
             results.put(("done", index, texts, tokens))
     except NmtError as e:
