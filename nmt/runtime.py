@@ -16,9 +16,10 @@ Importing this module does not import torch (the command-line options list ``PRE
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nmt.errors import UsageError
+from nmt.errors import NmtError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -162,6 +163,49 @@ def check_precision(precision: str, device: "torch.device", *,
     return dtype
 
 
+# --- torchrun: the ranks it announces, and the device of one (training and translation) ---
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def env_dist_info() -> DistInfo:
+    """The ranks torchrun announces through the environment (one process if it does not)."""
+    import os
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise NmtError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise NmtError(f"inconsistent RANK={rank} WORLD_SIZE={world}")
+    return DistInfo(rank, world, local)
+
+
+def pick_device(requested: str, info: DistInfo) -> "torch.device":
+    """The device of a rank (resolve_device): 'auto' or 'cuda' mean cuda:LOCAL_RANK when CUDA
+    is available ('auto': else cpu); a GPU becomes the current one."""
+    device = resolve_device(requested, local_rank=info.local_rank)
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)
+    return device
+
+
 __all__ = ["PRECISIONS", "TRAINING_PRECISIONS", "QUANTIZED_PRECISIONS", "resolve_device",
-           "precision_dtype", "check_precision", "check_training_precision",
+           "DistInfo", "env_dist_info", "pick_device", "precision_dtype", "check_precision", "check_training_precision",
            "cpu_has_native_bf16", "auto_precision", "AUTO_BF16_MIN_WIDTH", "usable_cpus"]

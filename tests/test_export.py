@@ -103,6 +103,21 @@ def trained(tmp_path_factory):
     return Path(r.stdout.strip())
 
 
+def normalize_as_ctranslate2(monkeypatch) -> None:
+    """Have nmt's beam search normalize each step's probabilities without <pad> and <s>, as
+    CTranslate2 does (nmt only never picks them)."""
+    import nmt.search.generator as generator
+
+    restrict = generator.restrict
+
+    def renormalized(probs, *args, **kwargs):
+        probs[:, [PAD, BOS]] = 0.0
+        probs /= probs.sum(1, keepdim=True)
+        return restrict(probs, *args, **kwargs)
+
+    monkeypatch.setattr(generator, "restrict", renormalized)
+
+
 def sample_lines() -> list[str]:
     lines = (quickstart_dir() / "test.en").read_text(encoding="utf-8").splitlines()[:100]
     # An empty line, characters the BPE model never saw, special symbols written as text, and
@@ -156,16 +171,7 @@ def test_beam_search_with_the_readme_recipe_agrees(trained, tmp_path, monkeypatc
 
     # nmt with probabilities normalized as CTranslate2's: every line identical (measured
     # before: 100 of 103).
-    import nmt.search.generator as generator
-
-    restrict = generator.restrict
-
-    def renormalized(probs, *args, **kwargs):
-        probs[:, [PAD, BOS]] = 0.0
-        probs /= probs.sum(1, keepdim=True)
-        return restrict(probs, *args, **kwargs)
-
-    monkeypatch.setattr(generator, "restrict", renormalized)
+    normalize_as_ctranslate2(monkeypatch)
     ref = Translator.from_checkpoint(trained, search=SearchConfig(beam=4)).translate(lines)
     assert hyp == ref
 

@@ -49,9 +49,11 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     root.propagate = False
 
 
-def setup_runtime(verbose: bool, quiet: bool, threads: int | None) -> None:
-    """Logging, glibc's allocator (nmt.perf) and PyTorch's CPU threads, for the commands that
-    run a model (nmt-train, nmt-generate)."""
+def setup_runtime(verbose: bool, quiet: bool, threads: int | None,
+                  torch_threads: bool = True) -> None:
+    """Logging, glibc's allocator (nmt.perf) and PyTorch's CPU threads (unless
+    ``torch_threads`` is False: another engine decodes, given its threads itself), for the
+    commands that run a model (nmt-train, nmt-generate, nmt-serve)."""
     setup_logging(verbose, quiet)
     from nmt.perf import keep_freed_memory
 
@@ -59,6 +61,8 @@ def setup_runtime(verbose: bool, quiet: bool, threads: int | None) -> None:
     if threads is not None:
         if threads < 1:
             raise UsageError("--threads must be >= 1")
+        if not torch_threads:
+            return
         import torch
 
         torch.set_num_threads(threads)

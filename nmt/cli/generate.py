@@ -180,7 +180,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
     resume when it can, else not written), with exit code 130 or 143; a second signal stops
     at once.
     """
-    setup_runtime(verbose, quiet, threads)
+    setup_runtime(verbose, quiet, threads, torch_threads=options.get("engine", "nmt") == "nmt")
     cfg: GenerateConfig = check_output(build_config(GenerateConfig, options))
     if workers < 0:
         raise UsageError(f"--workers must be >= 0 (0: one per CPU), got {workers}")
@@ -204,9 +204,10 @@ def main(checkpoints, device, precision, threads, verbose, quiet, overwrite, wor
             if shard is not None and resumable.complete:
                 translator = pool = None        # restarted with its share done: do not load
             else:
-                translator, pool = _decoder(sources, paths, cfg, shard.device(device) if shard
-                                            else device, precision, (threads, verbose, quiet),
-                                            workers)
+                # (CTranslate2 picks a rank's GPU itself, without torch)
+                rank_device = shard.device(device) if shard and cfg.engine == "nmt" else device
+                translator, pool = _decoder(sources, paths, cfg, rank_device, precision,
+                                            (threads, verbose, quiet), workers)
             _run(translator, cfg, sources, split, quiet, resumable, pool, shard_timeout)
 
 
@@ -216,6 +217,12 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
     ``runtime``: (--threads, -v, -q)."""
     checkable = (cfg.input_format == "jsonl" and cfg.input_path not in (None, "-")
                  and is_regular_file(cfg.input_path))
+    if cfg.engine != "nmt":
+        sources = paths         # converted from the file (and once, before any worker starts)
+        from nmt.engines.ctranslate2 import converted_model
+
+        for p in paths[:1]:
+            converted_model(p)
     if workers > 1:
         from nmt.cli.generate_workers import WorkerSpec, worker_threads
 
@@ -223,14 +230,14 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
             # Before any worker writes: a line found bad mid-run would stop every rerun of a
             # resumable --output at that line.
             check_forced_targets(cfg.input_path,
-                                 lambda: build_translator(sources, cfg, "cpu", "fp32"),
+                                 lambda: build_translator(sources, cfg, "cpu", "fp32", 1),
                                  cfg.buffer_size)
         threads, verbose, quiet = runtime
         spec = WorkerSpec(paths, cfg, device, precision, worker_threads(threads, workers),
                           verbose, quiet)
         log.info("%d workers x %d thread(s)", workers, spec.threads)
         return None, (workers, spec)
-    translator = build_translator(sources, cfg, device, precision)
+    translator = build_translator(sources, cfg, device, precision, runtime[0])
     if checkable:
         check_forced_targets(cfg.input_path, lambda: translator, cfg.buffer_size)
     _log_decoding(translator, cfg)
@@ -270,8 +277,6 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
              ) -> tuple[list[str], Sequence, str | None]:
     """The checkpoint paths, what to load them from (paths, or the checkpoint that pipeline
     mode has read), and the split to translate (None: --input or stdin)."""
-    from nmt.checkpoint import load_checkpoint
-
     pipeline = not checkpoints
     if cfg.split is not None and cfg.input_path is not None:
         raise UsageError("--split and --input exclude each other: translate a split of the "
@@ -280,6 +285,8 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
         if cfg.input_path == "-":
             raise UsageError("with no CHECKPOINT, stdin holds the checkpoint path; give the "
                              "sentences with --input FILE")
+        from nmt.checkpoint import load_checkpoint
+
         paths = [_checkpoint_from_stdin()]
         sources: Sequence = [load_checkpoint(paths[0], mmap=True)]
     else:
@@ -395,8 +402,8 @@ def _log_decoding(translator, cfg: GenerateConfig) -> None:
         how = f"beam {s.beam}, lenpen {s.lenpen:g}"
         if s.formula != "gnmt":
             how += f" ({s.formula} formula)"
-    log.info("%s, max length %g * source + %d, %d model(s) on %s, %s", how, s.max_len_a,
-             s.max_len_b, len(translator.ensemble), translator.device, translator.precision)
+    log.info("%s, max length %g * source + %d, %s", how, s.max_len_a, s.max_len_b,
+             translator.describe())
     if translator.constraints is not None:
         log.info("tree constraints: every output is a well-formed linearized tree")
 

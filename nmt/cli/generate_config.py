@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmt.config import CHOICES
+from nmt.engines import ENGINES
 from nmt.errors import UsageError
 from nmt.options import option
 from nmt.search.config import BatchConfig, SamplingConfig, SearchConfig
@@ -32,6 +33,13 @@ class GenerateConfig:
               "FIFO or a device is written through, a symbolic link's file is written).",
         flag="--output", short="-o", metavar="PATH")
     # --- decoding (SearchConfig; None: the checkpoint's preset) ---
+    engine: str = option(
+        "nmt", "What decodes: nmt (PyTorch; every option) or ctranslate2 (pip install "
+               "'nmt[export]'): the checkpoint is converted once, cached in "
+               ".nmt-ctranslate2/ beside it, and decoded by CTranslate2 with nmt's text "
+               "pipeline, greedy or beam search as nmt's; what it cannot decode as nmt does "
+               "(an ensemble, --sampling, prefixes and constraints, --replace-unk, "
+               "--score-reference, --print-alignment, ...) is refused.", choices=ENGINES)
     beam: int | None = option(
         SearchConfig.beam, "Beam size [default: the checkpoint's preset, 4 for translation].",
         short="-b")
@@ -189,6 +197,20 @@ class GenerateConfig:
         if self.output_format not in OUTPUT_FORMATS:
             raise UsageError(f"unknown output format '{self.output_format}' "
                              f"(choose from {', '.join(OUTPUT_FORMATS)})")
+        if self.engine not in ENGINES:
+            raise UsageError(f"unknown engine '{self.engine}' (choose from {', '.join(ENGINES)})")
+        if self.engine != "nmt":
+            given = [flag for flag, on in (("--sampling", self.sampling),
+                                           ("--score-reference", self.score_reference),
+                                           ("--print-alignment", self.print_alignment),
+                                           ("--replace-unk", self.replace_unk),
+                                           ("--diverse-beam-groups",
+                                            self.diverse_beam_groups > 1),
+                                           ("--tree-constraints", self.tree_constraints))
+                     if on]
+            if given:
+                raise UsageError(f"--engine {self.engine} does not decode with "
+                                 f"{', '.join(given)}: use --engine nmt")
         _ = self.search, self.batch       # bad values fail now, before any loading
 
     @property

@@ -79,6 +79,7 @@ def check_forced_targets(path: str, translator: Callable[[], Any], chunk_lines: 
                 continue
             if t is None:
                 t = translator()
+            t.check_targets([r.prefix], [r.constraints])     # the engine can force them
             if r.constraints and not refused:
                 refuse_with(t.search, t.sampling is not None, t.constraints is not None)
                 refused = True
@@ -87,7 +88,7 @@ def check_forced_targets(path: str, translator: Callable[[], Any], chunk_lines: 
             prefix = list(t.tgt_codec.encode(r.prefix)) if r.prefix else []
             check_spelled(t.tgt_codec, prefix, r.prefix, where)
             source = min(len(t.src_codec.encode(r.source)), t.max_source_len)
-            check_room(ids, len(prefix), source, t.search, t.ensemble.max_positions, where)
+            check_room(ids, len(prefix), source, t.search, t.max_positions, where)
         n += len(chunk)
 
 

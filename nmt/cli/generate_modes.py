@@ -42,9 +42,17 @@ def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
-def build_translator(sources: Sequence, cfg: GenerateConfig, device: str, precision: str):
-    """The Translator of ``cfg``'s decoding options over ``sources`` (checkpoint paths or
-    loaded checkpoints)."""
+def build_translator(sources: Sequence, cfg: GenerateConfig, device: str, precision: str,
+                     threads: int | None = None):
+    """The translator of ``cfg``'s engine and decoding options over ``sources`` (checkpoint
+    paths, or loaded checkpoints for --engine nmt); ``threads``: CTranslate2's (nmt's own
+    engine uses torch's, set by the command)."""
+    if cfg.engine == "ctranslate2":
+        from nmt.engines.ctranslate2 import CTranslate2Translator
+
+        return CTranslate2Translator.from_checkpoint(
+            sources, search=cfg.search, batch=cfg.batch, device=device, precision=precision,
+            threads=threads)
     from nmt.search.translator import Translator
 
     translator = Translator.from_checkpoint(

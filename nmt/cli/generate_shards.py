@@ -81,7 +81,7 @@ class Shard:
     def device(self, device: str) -> str:
         """--device for this rank: cuda (or auto on a GPU machine) means cuda:LOCAL_RANK, as
         for nmt-train's ranks."""
-        from nmt.training.distributed import DistInfo, pick_device
+        from nmt.runtime import DistInfo, pick_device
 
         return str(pick_device(device, DistInfo(self.rank, self.world, self.local_rank)))
 
@@ -91,7 +91,7 @@ def torchrun_shard(cfg: GenerateConfig, checkpoints: Sequence[str], workers: int
     """This rank's Shard when torchrun started more than one (WORLD_SIZE > 1), else None;
     a one-line UsageError for what cannot be sharded."""
     from nmt.io import is_regular_file
-    from nmt.training.distributed import env_dist_info
+    from nmt.runtime import env_dist_info
 
     info = env_dist_info()
     if info.world_size <= 1:

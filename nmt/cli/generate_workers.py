@@ -46,14 +46,16 @@ def _worker(spec: WorkerSpec, tasks, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     try:
-        import torch
-
         from nmt.cli.common import setup_logging
         from nmt.cli.generate_modes import build_translator, translate_chunk
 
         setup_logging(spec.verbose, spec.quiet)
-        torch.set_num_threads(spec.threads)
-        translator = build_translator(spec.checkpoints, spec.cfg, spec.device, spec.precision)
+        if spec.cfg.engine == "nmt":      # CTranslate2 takes its threads below, without torch
+            import torch
+
+            torch.set_num_threads(spec.threads)
+        translator = build_translator(spec.checkpoints, spec.cfg, spec.device, spec.precision,
+                                      spec.threads)
         results.put(("ready",))
         while (task := _next_task(tasks)) is not None:
             index, first, chunk = task

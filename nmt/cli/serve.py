@@ -33,7 +33,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
       curl -s localhost:8080/translate -d '{"text": ["A man rides a bike ."]}'
       nmt-serve en-de=ende/checkpoint_best.pt de-en=deen/checkpoint_best.pt
     """
-    setup_runtime(verbose, quiet, threads)
+    setup_runtime(verbose, quiet, threads, torch_threads=options.get("engine", "nmt") == "nmt")
     cfg: ServeConfig = build_config(ServeConfig, options)
     from nmt.serve.models import parse_specs
 
@@ -46,7 +46,7 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
                        f"pip install 'nmt[serve]'") from None
     from nmt.serve.server import serve
 
-    serve(specs, cfg, device=device, precision=precision)
+    serve(specs, cfg, device=device, precision=precision, threads=threads)
 
 
 if __name__ == "__main__":

@@ -153,7 +153,7 @@ def train_with_progress(cfg: TrainConfig, data_dir: str) -> None:
     from pathlib import Path
 
     from nmt.data.datadir import DataDir
-    from nmt.training.distributed import env_dist_info
+    from nmt.runtime import env_dist_info
     from nmt.training.loop import train
 
     data = DataDir.open(data_dir)

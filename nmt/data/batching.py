@@ -15,10 +15,12 @@ a batch's padding is small. Both cut a sorted list with the same greedy rule, :f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:                 # torch is imported where a batch is built: decoding with
+    import torch                  # another engine (nmt.search.ct2) never needs it
 
 from nmt.specials import BOS, EOS, PAD  # noqa: F401 (re-exported)
 
@@ -82,6 +84,8 @@ def collate(data: SizedParallelData, indices: Sequence[int] | np.ndarray,
         prev[row, 1:len(y) + 1] = y
         tgt[row, :len(y)] = y
         tgt[row, len(y)] = EOS
+    import torch
+
     positions = np.flatnonzero(tgt != PAD)
     return Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(tgt),
                  int(tgt_len.sum()), b, int(src_len.sum()), torch.from_numpy(positions))
@@ -90,6 +94,8 @@ def collate(data: SizedParallelData, indices: Sequence[int] | np.ndarray,
 def dummy_batch(start: int = BOS) -> Batch:
     """A one-token batch for a rank with nothing left this step; its loss is multiplied by 0 but
     it still runs forward/backward so that the gradient all-reduce happens on every rank."""
+    import torch
+
     one = torch.tensor([[EOS]], dtype=torch.int64)
     return Batch(one, torch.tensor([[start]], dtype=torch.int64), one.clone(), 0, 0, 0,
                  torch.zeros(1, dtype=torch.int64))

@@ -116,6 +116,15 @@ class SearchConfig:
                                 else getattr(preset, k) for k in self.unset})
 
 
+def length_limit(source_len: int, cfg: SearchConfig, max_positions: int | None) -> int:
+    """The most tokens before eos for a source of ``source_len`` subwords (without eos):
+    floor(a * len + b), capped so that the decoder needs at most ``max_positions`` positions
+    (None: no cap); the arithmetic of nmt.search.generator.max_lengths, without torch."""
+    top = MAX_LEN_B_MAX if max_positions is None else max_positions - 1
+    limit = math.floor(cfg.max_len_a * float(source_len) + cfg.max_len_b)
+    return int(min(max(limit, 0), top))
+
+
 # The fields that default to the model's preset (each also a --valid-<field> option of nmt-train:
 # TrainConfig.valid_search).
 PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b", "min_len")
@@ -172,4 +181,4 @@ class SamplingConfig:
             raise UsageError(f"--temperature must be > 0, got {self.temperature}")
 
 
-__all__ = ["SearchConfig", "BatchConfig", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS"]
+__all__ = ["SearchConfig", "BatchConfig", "length_limit", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS"]

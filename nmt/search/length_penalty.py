@@ -18,19 +18,24 @@ With alpha = 0 every formula gives lp = 1: the plain log-probability.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import numbers
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:            # imported where a tensor is given: the float form needs no torch
+    from torch import Tensor
 
 FORMULAS = ("gnmt", "fairseq", "hf")
 
 
-def length_penalty(length: int | float | Tensor, alpha: float,
-                   formula: str = "gnmt") -> float | Tensor:
+def length_penalty(length: "int | float | Tensor", alpha: float,
+                   formula: str = "gnmt") -> "float | Tensor":
     """lp(|Y|) for a length (int) or lengths (tensor, any shape); 1 when alpha is 0."""
     if formula not in FORMULAS:
         raise ValueError(f"unknown length penalty formula {formula!r}; expected one of "
                          f"{', '.join(FORMULAS)}")
-    if isinstance(length, Tensor):
+    if not isinstance(length, numbers.Real):          # a tensor
+        import torch
+
         if alpha == 0:
             return torch.ones_like(length, dtype=torch.float32)
         base = (5.0 + length.float()) / 6.0 if formula == "gnmt" else length.float()
@@ -41,8 +46,8 @@ def length_penalty(length: int | float | Tensor, alpha: float,
     return base ** alpha
 
 
-def best_possible_score(log_prob: Tensor, max_length: Tensor, alpha: float,
-                        formula: str = "gnmt") -> Tensor:
+def best_possible_score(log_prob: "Tensor", max_length: "Tensor", alpha: float,
+                        formula: str = "gnmt") -> "Tensor":
     """Upper bound on the final normalized score of an unfinished hypothesis.
 
     ``log_prob`` [N] is its current log-probability (<= 0), ``max_length`` [N] the largest |Y| it

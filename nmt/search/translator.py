@@ -24,57 +24,20 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, overload
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from nmt.data.batching import longest_first
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import QUANTIZED_PRECISIONS, auto_precision, check_precision, resolve_device
 from nmt.search.config import DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
+from nmt.search.pipeline import Translation, TranslationHypothesis, TranslatorBase
 from nmt.tasks.task import Task, get_task, infer_task
 
 log = logging.getLogger("nmt.search")
-
-@dataclass
-class TranslationHypothesis:
-    text: str                     # detokenized translation
-    ids: list[int]                # target ids, ending with eos
-    tokens: list[str]             # their subword symbols
-    score: float                  # log P / lp(|Y|)
-    token_scores: list[float]     # log-prob of each token
-
-
-@dataclass
-class Translation:
-    index: int                    # 0-based position in the input
-    source: str
-    hypotheses: list[TranslationHypothesis] = field(default_factory=list)  # best first
-    truncated: bool = False       # the source was cut to the model's maximum length
-
-    @property
-    def text(self) -> str:
-        return self.hypotheses[0].text if self.hypotheses else ""
-
-    def to_json(self) -> dict:
-        best = self.hypotheses[0] if self.hypotheses else None
-        out = {"id": self.index, "source": self.source, "translation": self.text,
-               "score": None if best is None else round(best.score, 6),
-               "tokens": [] if best is None else best.tokens,
-               "token_scores": [] if best is None else [round(s, 6) for s in best.token_scores]}
-        if self.truncated:
-            out["truncated"] = True
-        if len(self.hypotheses) > 1:
-            out["nbest"] = [{"translation": h.text, "score": round(h.score, 6),
-                             "tokens": h.tokens,
-                             "token_scores": [round(s, 6) for s in h.token_scores]}
-                            for h in self.hypotheses]
-        return out
-
 
 def _warn_other_preset(cfg, first, search: SearchConfig | None, name, first_name) -> None:
     """An ensemble decodes with the first checkpoint's preset (its beam, length penalty and
@@ -91,8 +54,9 @@ def _warn_other_preset(cfg, first, search: SearchConfig | None, name, first_name
                     "%s; give the options to choose", name, first_name, "; ".join(differ))
 
 
-class Translator:
-    """Beam search translation with one model or an ensemble, plus the text pipeline."""
+class Translator(TranslatorBase):
+    """Beam search translation with one model or an ensemble (nmt's own engine, PyTorch);
+    the text pipeline is nmt.search.pipeline's."""
 
     precision = "fp32"      # what from_checkpoint loaded the models in (auto: what it chose)
 
@@ -112,7 +76,6 @@ class Translator:
         self.ensemble = EnsembleModel(models)
         self.search = (search or SearchConfig()).resolve(getattr(models[0], "cfg", None))
         self.batch = batch or BatchConfig()
-        self.batch_size, self.max_tokens = self.batch.limits(self.search.beam)
         self.device = resolve_device("cpu" if device is None else device)
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
         self.task = (get_task(task) if isinstance(task, str)
@@ -123,10 +86,14 @@ class Translator:
         # The decoder layer whose attention --replace-unk follows (nmt.search.forced.align;
         # None: the penultimate).
         self.align_layer: int | None = None
-        limit = self.ensemble.max_positions
-        # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
-        self.max_source_len = (self.batch.max_source_len if limit is None
-                               else min(self.batch.max_source_len, limit - 1))
+        self._set_limits(self.ensemble.max_positions)
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.ensemble.max_positions
+
+    def describe(self) -> str:
+        return f"{len(self.ensemble)} model(s) on {self.device}, {self.precision}"
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -134,7 +101,8 @@ class Translator:
                         *, search: SearchConfig | None = None, batch: BatchConfig | None = None,
                         device: str | torch.device | None = None,
                         precision: str = "fp32", sampling: SamplingConfig | None = None,
-                        tree_constraints: bool | None = None) -> "Translator":
+                        tree_constraints: bool | None = None, engine: str = "nmt",
+                        threads: int | None = None) -> "TranslatorBase":
         """Load one checkpoint or an ensemble (a list of paths sharing their vocabularies).
 
         Each entry is a path or a checkpoint dict already read with
@@ -146,7 +114,22 @@ class Translator:
         (the linear layers dynamically quantized, nmt.models.quantize) runs on the CPU only,
         which device auto/None then means. ``sampling`` and ``tree_constraints``: as for the
         constructor.
+
+        ``engine`` "ctranslate2" gives a nmt.engines.ctranslate2.CTranslate2Translator instead
+        (one checkpoint path; converted once and cached beside it; ``threads``: CTranslate2's,
+        None: one per usable CPU); nmt's own engine takes torch's threads
+        (torch.set_num_threads) and ignores ``threads``.
         """
+        if engine == "ctranslate2":
+            from nmt.engines.ctranslate2 import CTranslate2Translator
+
+            return CTranslate2Translator.from_checkpoint(
+                paths, search=search, batch=batch, device=device, precision=precision,
+                threads=threads, sampling=sampling, tree_constraints=tree_constraints)
+        if engine != "nmt":
+            from nmt.engines import ENGINES
+
+            raise UsageError(f"unknown engine '{engine}' (choose from {', '.join(ENGINES)})")
         from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint,
                                     load_model_from_checkpoint, model_config)
 
@@ -192,127 +175,22 @@ class Translator:
         translator.precision = precision
         return translator
 
-    # --- translation ------------------------------------------------------------------------
-    @overload
-    def translate(self, lines: str) -> str: ...
+    # --- decoding (nmt.search.pipeline.TranslatorBase calls these) ---------------------------
+    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints):
+        src = self._collate([arrays[i] for i in batch])
+        cons = self._constraints(batch, prefixes, constraints)
+        if self.sampling is not None:
+            from nmt.search.sampling import sample
 
-    @overload
-    def translate(self, lines: Sequence[str]) -> list[str]: ...
+            return sample(self.ensemble, src, self.search, self.sampling,
+                          [first_line + i for i in batch], constraints=cons)
+        return beam_search(self.ensemble, src, self.search, constraints=cons)
 
-    def translate(self, lines):
-        """The best translation of each line, in order (empty line -> empty string); a single
-        string gives a single string."""
-        if isinstance(lines, str):
-            return self.translate_results([lines])[0].text
-        return [t.text for t in self.translate_results(lines)]
-
-    def translate_results(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
-                          first_line: int = 1,
-                          prefixes: Sequence[str | None] | None = None,
-                          constraints: Sequence[Sequence[str] | None] | None = None
-                          ) -> list[Translation]:
-        """Rich results (scores, tokens, n-best) for raw sentences, in input order.
-
-        ``progress(n)`` is called after each batch with the number of sentences it finished;
-        ``first_line`` is the 1-based line number of ``lines[0]`` in the whole input (for
-        warnings and each result's ``index``, ``first_line - 1`` for it). ``prefixes`` (one per
-        line, None or "" for none): raw target text each translation must start with; it is
-        encoded with the target codec and beam search continues after it. ``constraints`` (one
-        list per line, None or [] for none): raw target phrases each translation must contain
-        (nmt.search.lexical), each encoded with the target codec; one it cannot spell is a
-        one-line NmtError naming its line.
-        """
-        if isinstance(lines, (str, bytes)):
-            raise TypeError("translate_results takes a list of sentences, not one string; "
-                            "wrap it: translate_results([sentence])")
-        lines = list(lines)
-        bad = next((i for i, x in enumerate(lines) if not isinstance(x, str)), None)
-        if bad is not None:
-            raise TypeError(f"sentence {bad} is {type(lines[bad]).__name__}, not str")
-        ids = self.src_codec.encode_batch(lines) if lines else []
-        prefix_ids = None
-        if prefixes is not None:
-            if len(prefixes) != len(lines):
-                raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} sentences")
-            from nmt.search.prefix import encode_prefixes
-
-            prefix_ids = encode_prefixes(self.tgt_codec, prefixes, first_line)
-        constraint_ids = None
-        if constraints is not None:
-            from nmt.search.lexical import encode_constraints
-
-            if len(constraints) != len(lines) or any(isinstance(c, str) for c in constraints):
-                raise ValueError(f"constraints takes one list of phrases per sentence (None "
-                                 f"for none), got {len(constraints)} entries for "
-                                 f"{len(lines)} sentences")
-            constraint_ids = [encode_constraints(self.tgt_codec, c, f"line {first_line + i}")
-                              for i, c in enumerate(constraints)]
-        return self.translate_ids(ids, sources=lines, progress=progress, first_line=first_line,
-                                  prefixes=prefix_ids, constraints=constraint_ids)
-
-    def translate_ids(self, ids: Sequence[Sequence[int] | np.ndarray],
-                      sources: Sequence[str] | None = None,
-                      progress: Callable[[int], None] | None = None,
-                      first_line: int = 1,
-                      prefixes: Sequence[Sequence[int]] | None = None,
-                      constraints: Sequence[Sequence[Sequence[int]]] | None = None
-                      ) -> list[Translation]:
-        """Translate already-encoded sources (ids without eos), e.g. a binarized test split;
-        ``prefixes``: target ids (without eos) each translation starts with (see
-        nmt.search.prefix); ``constraints``: per source, the target ids (without eos) of each
-        phrase its translation must contain (nmt.search.lexical)."""
-        n = len(ids)
-        if sources is None:
-            sources = [self.src_codec.decode(x) for x in ids]
-        # The index is the 0-based line of the whole input ("id" in jsonl output), not of this
-        # call's chunk: a command translating a stream chunk by chunk passes ``first_line``.
-        results = [Translation(first_line - 1 + i, sources[i]) for i in range(n)]
-        arrays: list[np.ndarray] = []
-        for i, x in enumerate(ids):
-            a, results[i].truncated = self.source_array(x, first_line + i)
-            arrays.append(a)
-        if constraints is not None and not any(len(c) for c in constraints):
-            constraints = None
-        if prefixes is not None and not any(len(p) for p in prefixes):
-            prefixes = None
-        if constraints is not None or prefixes is not None:
-            self._check_room(arrays, constraints, prefixes, first_line)
-        empty = [i for i in range(n) if arrays[i].size == 0]
-        if progress is not None and empty:
-            progress(len(empty))
-        for batch in self._batches(arrays):
-            src = self._collate([arrays[i] for i in batch])
-            cons = self._constraints(batch, prefixes, constraints)
-            if self.sampling is not None:
-                from nmt.search.sampling import sample
-
-                hyps = sample(self.ensemble, src, self.search, self.sampling,
-                              [first_line + i for i in batch], constraints=cons)
-            else:
-                hyps = beam_search(self.ensemble, src, self.search, constraints=cons)
-            for i, sent_hyps in zip(batch, hyps):
-                results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
-            if progress is not None:
-                progress(len(batch))
+    def _finish(self, results, arrays) -> None:
         if self.search.replace_unk:
             from nmt.search.replace_unk import replace_unknowns
 
             replace_unknowns(self, results, arrays, self.align_layer)
-        return results
-
-    def source_array(self, ids: Sequence[int] | np.ndarray, line: int) -> tuple[np.ndarray, bool]:
-        """Source ids (without eos) as an int64 array checked against the source vocabulary
-        and cut to what the model accepts (with a warning naming ``line``); and whether it
-        was cut."""
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
-        vocab = len(self.src_codec.dictionary)
-        if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab):
-            raise NmtError(f"line {line}: source id outside the vocabulary (0..{vocab - 1})")
-        if a.size <= self.max_source_len:
-            return a, False
-        log.warning("line %d: source has %d subwords, more than the %d the model accepts; "
-                    "truncated", line, a.size, self.max_source_len)
-        return a[:self.max_source_len], True
 
     def _check_room(self, arrays: list[np.ndarray], constraints, prefixes,
                     first_line: int) -> None:
@@ -348,17 +226,6 @@ class Translator:
         return combine(PrefixConstraints([prefixes[i] for i in batch]) if has_prefix else None,
                        LexicalConstraints([constraints[i] for i in batch])
                        if has_lexical else None)
-
-    def _hypothesis(self, h) -> TranslationHypothesis:
-        d = self.tgt_codec.dictionary
-        return TranslationHypothesis(text=self.tgt_codec.decode(h.tokens), ids=h.tokens,
-                                     tokens=[d[i] for i in h.tokens], score=h.score,
-                                     token_scores=h.token_scores)
-
-    def _batches(self, arrays: list[np.ndarray]) -> list[list[int]]:
-        """Non-empty sources, longest first (stable), cut into batches."""
-        return longest_first([a.size + 1 for a in arrays], self.max_tokens, self.batch_size,
-                             among=(i for i, a in enumerate(arrays) if a.size))
 
     def _collate(self, arrays: list[np.ndarray]) -> torch.Tensor:
         """[B, S] source tensor: ids + eos, right-padded."""

@@ -40,10 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-import torch
-
-from nmt.search.config import SearchConfig
-from nmt.search.generator import max_lengths
+from nmt.search.config import SearchConfig, length_limit
 
 log = logging.getLogger("nmt.serve")
 
@@ -109,7 +106,7 @@ class Batcher:
         if not ids:
             job.future.set_result([])
             return job.future
-        steps = step_limits(ids, search, self.translator.ensemble.max_positions)
+        steps = step_limits(ids, search, self.translator.max_positions)
         now = time.monotonic()
         with self._cond:
             if self.broken is not None:
@@ -284,8 +281,7 @@ class Batcher:
 def step_limits(ids: Sequence[np.ndarray], search: SearchConfig,
                 max_positions: int | None) -> list[int]:
     """Each sentence's search steps at most: its length limit + 1 (the eos)."""
-    lengths = torch.tensor([x.size for x in ids])
-    return (max_lengths(lengths, search, max_positions) + 1).tolist()
+    return [length_limit(x.size, search, max_positions) + 1 for x in ids]
 
 
 def _settle(future: Future, result=None, error: BaseException | None = None) -> None:

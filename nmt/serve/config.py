@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nmt.engines import ENGINES
 from nmt.errors import UsageError
 from nmt.options import option
 
@@ -64,6 +65,11 @@ class ServeConfig:
         30.0, "On SIGTERM or Ctrl-C, let the requests in flight finish for at most this many "
               "seconds; what is left then gets 503 and the server exits.", metavar="SECONDS")
     access_log: bool = option(False, "Log every request (method, path, status) to stderr.")
+    engine: str = option(
+        "nmt", "What decodes: nmt (PyTorch) or ctranslate2 (pip install 'nmt[export]'; each "
+               "checkpoint converted once and cached beside it, as nmt-generate --engine "
+               "ctranslate2 does; a request asking for what it cannot decode as nmt does, "
+               "such as a prefix or constraints, gets 400).", choices=ENGINES)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -64,9 +64,9 @@ class Models:
     """The served models, loaded on a background thread so that /health answers meanwhile."""
 
     def __init__(self, specs: Sequence[ModelSpec], cfg: ServeConfig, device: str = "auto",
-                 precision: str = "fp32"):
+                 precision: str = "fp32", threads: int | None = None):
         self.specs, self.cfg = list(specs), cfg
-        self.device, self.precision = device, precision
+        self.device, self.precision, self.threads = device, precision, threads
         self.loaded: dict[str, ServedModel] = {}
         self.ready = threading.Event()
         self.error: BaseException | None = None      # why loading failed
@@ -95,19 +95,25 @@ class Models:
 
     def _load(self, spec: ModelSpec) -> ServedModel:
         from nmt.search.config import BatchConfig
-        from nmt.search.translator import Translator
         from nmt.serve.batching import Batcher
 
         cfg = self.cfg
-        translator = Translator.from_checkpoint(
-            spec.path, device=self.device, precision=self.precision,
-            batch=BatchConfig(max_tokens=cfg.max_batch_tokens,
-                              max_source_len=cfg.max_sentence_tokens))
+        batch = BatchConfig(max_tokens=cfg.max_batch_tokens, max_source_len=cfg.max_sentence_tokens)
+        if cfg.engine == "ctranslate2":
+            from nmt.engines.ctranslate2 import CTranslate2Translator
+
+            translator = CTranslate2Translator.from_checkpoint(
+                spec.path, device=self.device, precision=self.precision, batch=batch,
+                threads=self.threads)
+        else:
+            from nmt.search.translator import Translator
+
+            translator = Translator.from_checkpoint(spec.path, device=self.device,
+                                                    precision=self.precision, batch=batch)
         s = translator.search
         log.info("model '%s' (%s): beam %d, lenpen %g, max length %g * source + %d, "
-                 "sources up to %d subwords, on %s, %s", spec.name, spec.path, s.beam, s.lenpen,
-                 s.max_len_a, s.max_len_b, translator.max_source_len, translator.device,
-                 self.precision)
+                 "sources up to %d subwords, %s", spec.name, spec.path, s.beam, s.lenpen,
+                 s.max_len_a, s.max_len_b, translator.max_source_len, translator.describe())
         batcher = Batcher(translator, spec.name, cfg.max_batch_tokens, cfg.max_wait_ms / 1000,
                           cfg.max_batch_search_tokens, cfg.max_queued_sentences)
         return ServedModel(spec.name, spec.path, translator, batcher.start(),

@@ -165,10 +165,20 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> Se
                               max_len_a=number("max_len_a", False),
                               max_len_b=number("max_len_b", True), replace_unk=replace_unk,
                               **controls)
-        return search.resolve(served.translator.search)
+        search = search.resolve(served.translator.search)
+        served.translator.check_search(search)
+        return search
     except NmtError as e:
         # The request's names: max_len_a, not the command line's --max-len-a.
         raise RequestError(400, re.sub(r"(?<=[a-z])-(?=[a-z])", "_", str(e))) from None
+
+
+def _engine_allows(served: ServedModel, prefixes=None, constraints=None) -> None:
+    """400 when the model's engine cannot force what the request gives (CTranslate2)."""
+    try:
+        served.translator.check_targets(prefixes, constraints)
+    except NmtError as e:
+        raise RequestError(400, str(e)) from None
 
 
 def _prefixes(value: Any, n: int, served: ServedModel) -> list[str | None] | None:
@@ -189,6 +199,7 @@ def _prefixes(value: Any, n: int, served: ServedModel) -> list[str | None] | Non
                                 f"{_kind(value[bad])}")
     if not any(value):
         return None
+    _engine_allows(served, prefixes=value)
     if served.translator.constraints is not None:
         raise RequestError(400, f"model '{served.name}' decodes with tree constraints, which "
                                 f"forced prefixes cannot be combined with")
@@ -216,6 +227,7 @@ def _constraints(value: Any, n: int, served: ServedModel, search: SearchConfig
             raise RequestError(400, problem)
     if not any(value):
         return None
+    _engine_allows(served, constraints=value)
     if served.translator.constraints is not None:
         raise RequestError(400, f"model '{served.name}' decodes with tree constraints, which "
                                 f"lexical constraints cannot be combined with")
@@ -251,7 +263,7 @@ def encode(req: TranslateRequest, cfg: ServeConfig
     if ids:
         from nmt.serve.batching import step_limits
 
-        steps = s.beam * sum(step_limits(ids, s, t.ensemble.max_positions))
+        steps = s.beam * sum(step_limits(ids, s, t.max_positions))
         if steps > cfg.max_request_search_tokens:
             raise RequestError(413, f"this request asks for up to {steps} search steps "
                                     f"(beam {s.beam} x each sentence's length limit + 1); this "
@@ -267,7 +279,7 @@ def encode(req: TranslateRequest, cfg: ServeConfig
             for i, (text, p) in enumerate(zip(req.prefixes, prefixes)):
                 check_spelled(t.tgt_codec, p, text, f"\"prefix\"[{i}]")
                 if req.constraints is None:
-                    check_room((), len(p), ids[i].size, s, t.ensemble.max_positions,
+                    check_room((), len(p), ids[i].size, s, t.max_positions,
                                f"\"text\"[{i}]")
         except NmtError as e:
             raise RequestError(400, str(e)) from None
@@ -285,7 +297,7 @@ def _encode_constraints(req: TranslateRequest, ids: list[np.ndarray], prefixes
             where = f"\"text\"[{i}]"
             out.append(encode_constraints(t.tgt_codec, phrases, where))
             check_room(out[-1], len(prefixes[i]) if prefixes else 0, ids[i].size, req.search,
-                       t.ensemble.max_positions, where)
+                       t.max_positions, where)
     except NmtError as e:
         raise RequestError(400, str(e)) from None
     return out

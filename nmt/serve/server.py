@@ -100,7 +100,7 @@ def header_timeout_protocol(seconds: float):
 
 
 def serve(specs: list[ModelSpec], cfg: ServeConfig, device: str = "auto",
-          precision: str = "fp32") -> None:
+          precision: str = "fp32", threads: int | None = None) -> None:
     """Serve ``specs`` until SIGTERM or Ctrl-C; a model that cannot be loaded stops the server
     and is raised here."""
     import uvicorn
@@ -108,7 +108,7 @@ def serve(specs: list[ModelSpec], cfg: ServeConfig, device: str = "auto",
     from nmt.serve.app import create_app
 
     sock = listen(cfg.host, cfg.port)
-    models = Models(specs, cfg, device=device, precision=precision)
+    models = Models(specs, cfg, device=device, precision=precision, threads=threads)
     server: uvicorn.Server | None = None
 
     def load_failed() -> None:

@@ -9,53 +9,16 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nmt.errors import NmtError
-from nmt.runtime import resolve_device
+# torchrun's ranks and the device of one: the runtime's, shared with translation
+from nmt.runtime import DistInfo, env_dist_info, pick_device  # noqa: F401 (re-exported)
 
 log = logging.getLogger("nmt.train")
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-
-def env_dist_info() -> DistInfo:
-    """The ranks torchrun announces through the environment (one process if it does not)."""
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    except ValueError:
-        raise NmtError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
-    if world < 1 or not 0 <= rank < world:
-        raise NmtError(f"inconsistent RANK={rank} WORLD_SIZE={world}")
-    return DistInfo(rank, world, local)
-
-
-def pick_device(requested: str, info: DistInfo) -> torch.device:
-    """The training device (nmt.runtime.resolve_device): 'auto' or 'cuda' mean
-    cuda:LOCAL_RANK when CUDA is available ('auto': else cpu); a GPU becomes the current one."""
-    device = resolve_device(requested, local_rank=info.local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
 
 
 def init_distributed(info: DistInfo, device: torch.device, timeout_minutes: float) -> None:

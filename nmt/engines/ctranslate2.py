@@ -1,0 +1,404 @@
+"""CTranslate2 as nmt's decoding engine (``--engine ctranslate2``; ``Translator.from_checkpoint(
+..., engine="ctranslate2")``).
+
+    from nmt.engines.ctranslate2 import CTranslate2Translator
+    t = CTranslate2Translator.from_checkpoint("checkpoint_best.pt", threads=4)
+    t.translate(["A man is riding a bike ."])
+
+The checkpoint is converted once, with nmt-export's code (nmt.export), into a CTranslate2 model
+directory cached beside it: ``DIR/.nmt-ctranslate2/KEY/``, where KEY is a hash of the
+checkpoint's bytes, the ctranslate2 version and nmt's. The directory is built under a temporary
+name and renamed into place, under an exclusive lock (another process converting the same
+checkpoint waits for it); a checkpoint file that changes (checkpoint_last.pt during training)
+gets a new entry and the older entries of the same file are removed. Where the checkpoint's
+directory is not writable, the cache is ``$XDG_CACHE_HOME/nmt/ctranslate2`` (``~/.cache``).
+A cached model is read without torch: the codecs and the decoding preset are in its
+``nmt_engine.json``, so a process that finds its model there never imports torch.
+
+The text side (encoding, source checks and truncation, batches by length, input order, empty
+lines) is nmt.search.pipeline's, shared with nmt's own engine. What CTranslate2 decodes
+exactly as nmt does:
+
+- greedy search (beam 1): the same tokens;
+- beam search with the GNMT or the fairseq length penalty: CTranslate2 runs with a length
+  penalty of 1e-9, so that it stops as nmt does (once ``beam`` hypotheses have finished) and its
+  scores stay log-probabilities, returns every finished hypothesis, and nmt ranks them by its
+  own formula. CTranslate2 normalizes each step's probabilities without ``<pad>`` and ``<s>``,
+  which nmt only never picks: on a trained model this changes nothing; on a model trained for
+  seconds it can change a few beam outputs;
+- the length limit ``floor(a * source length + b)`` (sentences with one limit share a
+  ``translate_batch`` call), ``--min-len``, ``--no-repeat-ngram-size``, ``--unkpen inf``.
+
+A hypothesis that reaches the length limit ends there (nmt appends a forced ``</s>``): same
+tokens, but its score lacks that ``</s>``'s log-probability. Token scores are not given (None).
+What CTranslate2 cannot decode as nmt does is refused in one line naming it
+(:meth:`CTranslate2Translator.check_search`): sampling, ensembles, forced prefixes, lexical
+and tree constraints, transformers' length-penalty rule (``hf``), a finite ``--unkpen``,
+diverse beam groups, ``--replace-unk``, alignments and ``--score-reference``.
+
+ctranslate2 is an optional dependency (``pip install 'nmt[export]'``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from nmt.config import ModelConfig
+from nmt.errors import NmtError, UsageError
+from nmt.runtime import usable_cpus
+from nmt.search.config import BatchConfig, SearchConfig, length_limit
+from nmt.search.pipeline import TranslatorBase
+from nmt.specials import EOS
+
+log = logging.getLogger("nmt.engines")
+
+CACHE_NAME = ".nmt-ctranslate2"
+META = "nmt_engine.json"
+META_VERSION = 1
+# nmt's --precision -> CTranslate2's compute type (auto: what the converted model holds).
+COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16", "fp16": "float16",
+                 "auto": "default"}
+# CTranslate2 stops as nmt does (after ``beam`` finished hypotheses) with any length penalty
+# other than 0, and divides the log-probabilities by |Y| ** 1e-9: by less than 1e-8 of them.
+TINY_LENPEN = 1e-9
+FORMULAS = ("gnmt", "fairseq")      # those nmt ranks CTranslate2's finished hypotheses by
+
+
+@dataclass
+class _Hypothesis:
+    tokens: list[int]
+    score: float
+    token_scores: None = None
+
+
+def import_ctranslate2():
+    """The ctranslate2 module, or a one-line NmtError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise NmtError("--engine ctranslate2 needs the ctranslate2 package: "
+                       "pip install 'nmt[export]'") from None
+    if str(getattr(ctranslate2, "__version__", "0")).split(".")[0] != "4":
+        raise NmtError(f"--engine ctranslate2 needs ctranslate2 4.x, found "
+                       f"{ctranslate2.__version__}: pip install 'nmt[export]'")
+    return ctranslate2
+
+
+# --- the cache ------------------------------------------------------------------------------
+
+def cache_key(path: Path, ct2_version: str) -> str:
+    """A hash of the checkpoint's bytes and of the two versions that make the conversion."""
+    from nmt.version import __version__
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"nmt {__version__} ctranslate2 {ct2_version}\n".encode())
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def _user_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nmt" / "ctranslate2"
+
+
+def _cache_root(checkpoint: Path) -> Path:
+    """``.nmt-ctranslate2`` beside the checkpoint, or the user's cache when that directory
+    cannot be written."""
+    root = checkpoint.parent / CACHE_NAME
+    try:
+        root.mkdir(exist_ok=True)
+        if os.access(root, os.W_OK):
+            return root
+    except OSError:
+        pass
+    user = _user_cache()
+    try:
+        user.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"cannot create a cache for the CTranslate2 model of {checkpoint} "
+                       f"beside it or in {user} ({e.strerror or e})") from None
+    log.info("%s is not writable: the CTranslate2 model is cached in %s", checkpoint.parent,
+             user)
+    return user
+
+
+class _CacheLock:
+    """flock on ROOT/.lock: exclusive to convert and prune, shared to read an entry."""
+
+    def __init__(self, root: Path, exclusive: bool):
+        self.path, self.mode = root / ".lock", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+
+    def __enter__(self):
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise NmtError(f"cannot create the lock file {self.path} ({e.strerror or e})"
+                           ) from None
+        try:
+            fcntl.flock(self.fd, self.mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process converting a checkpoint in %s",
+                     self.path.parent)
+            fcntl.flock(self.fd, self.mode)
+        except OSError:
+            pass    # a filesystem without flock: the temporary-name install still holds
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def converted_model(checkpoint: str | os.PathLike) -> Path:
+    """The cached CTranslate2 model directory of ``checkpoint`` (a path), converted now if
+    it is not there yet. Safe to call from several processes at once."""
+    ct2 = import_ctranslate2()
+    path = Path(checkpoint)
+    from nmt.io import check_readable
+
+    check_readable(path, "checkpoint", expected="a checkpoint file")
+    key = cache_key(path, ct2.__version__)
+    root = _cache_root(path.resolve())
+    entry = root / key
+    if (entry / META).is_file():
+        return entry
+    with _CacheLock(root, exclusive=True):
+        if not (entry / META).is_file():        # another process may have made it meanwhile
+            _convert(path, entry, key)
+            _prune(root, path.resolve(), keep=key)
+    return entry
+
+
+def _convert(path: Path, entry: Path, key: str) -> None:
+    from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint, inference_checkpoint,
+                                load_checkpoint, model_config)
+    from nmt.export import export_model
+    from nmt.io import fsync_dir
+
+    log.info("converting %s for CTranslate2 (once; cached in %s)", path, entry.parent)
+    ckpt = inference_checkpoint(load_checkpoint(path, mmap=True))
+    src, tgt = codecs_from_checkpoint(ckpt, str(path))
+    cfg = model_config(ckpt)
+    meta = {"version": META_VERSION, "key": key, "checkpoint": str(path.resolve()),
+            "task": checkpoint_task(ckpt, str(path), tgt).name,
+            "model_config": cfg.to_dict(),
+            "src_codec": src.to_state(), "tgt_codec": tgt.to_state()}
+    tmp = entry.with_name(f".{key}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        export_model(ckpt, tmp)
+        (tmp / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
+        os.replace(tmp, entry)
+        fsync_dir(entry.parent)
+    except OSError as e:
+        raise NmtError(f"{entry.parent}: cannot write the CTranslate2 model "
+                       f"({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prune(root: Path, checkpoint: Path, keep: str) -> None:
+    """Remove the entries converted from ``checkpoint`` before it changed, and temporaries
+    left by processes that died converting (the caller holds the exclusive lock)."""
+    for d in root.iterdir():
+        if d.name == keep or not d.is_dir():
+            continue
+        if d.name.startswith("."):
+            shutil.rmtree(d, ignore_errors=True)
+            continue
+        try:
+            meta = json.loads((d / META).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if meta.get("checkpoint") == str(checkpoint):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# --- the translator -------------------------------------------------------------------------
+
+class CTranslate2Translator(TranslatorBase):
+    """nmt's text pipeline around a ctranslate2.Translator (see the module doc)."""
+
+    engine = "ctranslate2"
+
+    def __init__(self, model_dir: str | os.PathLike, meta: Mapping[str, Any], *,
+                 search: SearchConfig | None = None, batch: BatchConfig | None = None,
+                 device: str = "cpu", precision: str = "fp32", threads: int | None = None):
+        from nmt.data.codec import TextCodec
+        from nmt.tasks.task import get_task
+
+        ct2 = import_ctranslate2()
+        self.model_dir = Path(model_dir)
+        cfg = ModelConfig.from_dict(meta["model_config"])
+        self.src_codec = TextCodec.from_state(meta["src_codec"])
+        self.tgt_codec = TextCodec.from_state(meta["tgt_codec"])
+        self.task = get_task(meta["task"])
+        self.search = (search or SearchConfig()).resolve(cfg)
+        self.check_search(self.search)
+        self.batch = batch or BatchConfig()
+        export = json.loads((self.model_dir / "nmt_export.json").read_text(encoding="utf-8"))
+        self._max_output = int(export["decoding"]["max_output_len"])
+        self._learned = cfg.positional == "learned"
+        self._max_positions = cfg.max_positions if self._learned else None
+        self._set_limits(self._max_positions)
+        self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
+        self.device, self.device_index = _ct2_device(ct2, device)
+        if precision not in COMPUTE_TYPES:
+            raise UsageError(f"--engine ctranslate2 decodes in {', '.join(COMPUTE_TYPES)}, "
+                             f"not {precision}")
+        self.precision = precision
+        self.compute_type = COMPUTE_TYPES[precision]
+        self.threads = threads or usable_cpus()
+        try:
+            self.model = ct2.Translator(str(self.model_dir), device=self.device,
+                                        device_index=self.device_index,
+                                        compute_type=self.compute_type, inter_threads=1,
+                                        intra_threads=self.threads)
+        except (RuntimeError, ValueError) as e:
+            raise NmtError(f"CTranslate2 cannot load {self.model_dir} on {self.device} as "
+                           f"{self.compute_type}: {' '.join(str(e).split())}") from None
+        self.ct2_version = ct2.__version__
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike | Sequence, *,
+                        search: SearchConfig | None = None, batch: BatchConfig | None = None,
+                        device: str | None = None, precision: str = "fp32",
+                        threads: int | None = None, sampling=None,
+                        tree_constraints: bool | None = None) -> "CTranslate2Translator":
+        """Convert (once, cached) and load ``path``; the options as Translator.from_checkpoint
+        takes them, and ``threads`` (CTranslate2's intra-op threads; None: one per usable
+        CPU)."""
+        if not isinstance(path, (str, os.PathLike)):
+            paths = list(path)
+            if len(paths) != 1:
+                raise UsageError("--engine ctranslate2 decodes with one checkpoint: an "
+                                 "ensemble needs --engine nmt")
+            path = paths[0]
+            if not isinstance(path, (str, os.PathLike)):
+                raise UsageError("--engine ctranslate2 takes a checkpoint file, not a "
+                                 "checkpoint loaded in memory")
+        if sampling is not None:
+            raise UsageError("--engine ctranslate2 does not sample as nmt does (its random "
+                             "draws differ): use --engine nmt for --sampling")
+        if tree_constraints:
+            raise UsageError("--engine ctranslate2 cannot decode under tree constraints: "
+                             "use --engine nmt")
+        entry = converted_model(path)
+        meta = json.loads((entry / META).read_text(encoding="utf-8"))
+        return cls(entry, meta, search=search, batch=batch, device=device or "auto",
+                   precision=precision, threads=threads)
+
+    # --- what the pipeline asks ---------------------------------------------------------------
+    @property
+    def max_positions(self) -> int | None:
+        return self._max_positions
+
+    def describe(self) -> str:
+        return (f"CTranslate2 {self.ct2_version} on {self.device}, {self.compute_type}, "
+                f"{self.threads} thread(s)")
+
+    def check_search(self, search: SearchConfig) -> None:
+        refused = []
+        if search.formula not in FORMULAS and search.beam > 1 and search.lenpen:
+            refused.append(f"the {search.formula} length-penalty rule (use gnmt or fairseq)")
+        if search.unkpen not in (0.0, math.inf):
+            refused.append("a finite --unkpen (inf, never <unk>, is supported)")
+        if search.diverse_beam_groups > 1:
+            refused.append("diverse beam groups")
+        if search.replace_unk:
+            refused.append("--replace-unk")
+        if refused:
+            raise UsageError("--engine ctranslate2 cannot decode with " + "; ".join(refused)
+                             + ": use --engine nmt")
+
+    def check_targets(self, prefixes, constraints) -> None:
+        given = [name for name, x in (("forced prefixes", prefixes),
+                                      ("lexical constraints", constraints))
+                 if x is not None and any(x)]
+        if given:
+            raise UsageError(f"--engine ctranslate2 does not decode with {' or '.join(given)}: "
+                             f"use --engine nmt")
+
+    def _limit(self, source_len: int, line: int) -> int:
+        """nmt's length limit (nmt.search.generator.max_lengths) for one source."""
+        limit = length_limit(source_len, self.search, self._max_positions)
+        if limit > self._max_output:
+            raise NmtError(f"line {line}: its length limit ({limit} tokens) is longer than the "
+                           f"{self._max_output} the converted model has positions for: lower "
+                           f"--max-len-a/--max-len-b or use --engine nmt")
+        return limit
+
+    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints):
+        self.check_search(self.search)
+        s = self.search
+        symbols = self.src_codec.dictionary.symbols
+        index = self.tgt_codec.dictionary.index
+        groups: dict[int, list[int]] = {}
+        for i in batch:
+            groups.setdefault(self._limit(arrays[i].size, first_line + i), []).append(i)
+        out: dict[int, list[_Hypothesis]] = {}
+        beam = s.beam
+        for limit, rows in groups.items():
+            if limit == 0:         # nmt: only eos may follow
+                for i in rows:
+                    out[i] = [_Hypothesis([EOS], 0.0)]
+                continue
+            results = self.model.translate_batch(
+                [[symbols[t] for t in arrays[i]] for i in rows], beam_size=beam,
+                num_hypotheses=beam if beam > 1 else 1,
+                length_penalty=TINY_LENPEN if beam > 1 else 0.0, return_scores=True,
+                min_decoding_length=min(s.minimum, limit), max_decoding_length=limit,
+                max_input_length=0, no_repeat_ngram_size=s.no_repeat_ngram_size,
+                disable_unk=s.unkpen == math.inf, max_batch_size=0)
+            for i, r in zip(rows, results):
+                hyps = [self._scored(tokens, score, index) for tokens, score
+                        in zip(r.hypotheses, r.scores)]
+                # best first by nmt's score; ties keep CTranslate2's order (stable sort)
+                hyps.sort(key=lambda h: -h.score)
+                out[i] = hyps[:s.nbest]
+        return [out[i] for i in batch]
+
+    def _scored(self, tokens: list[str], score: float, index) -> _Hypothesis:
+        from nmt.search.length_penalty import length_penalty
+
+        ids = [index(t) for t in tokens] + [EOS]
+        s = self.search
+        return _Hypothesis(ids, float(score) / length_penalty(len(ids), s.lenpen, s.formula))
+
+
+def _ct2_device(ct2, device: str | None) -> tuple[str, int]:
+    """CTranslate2's (device, device_index): cpu, or cuda and a GPU index. auto means cuda
+    when CTranslate2 sees a GPU; cuda without an index means GPU LOCAL_RANK under torchrun
+    (modulo the GPUs), as nmt.runtime.resolve_device does."""
+    from nmt.runtime import env_dist_info
+
+    name = str(device or "auto")
+    gpus = ct2.get_cuda_device_count()
+    if name == "cpu" or (name == "auto" and not gpus):
+        return "cpu", 0
+    if name in ("auto", "cuda"):
+        if not gpus:
+            raise UsageError("--device cuda: CTranslate2 sees no GPU")
+        return "cuda", env_dist_info().local_rank % gpus
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return "cuda", int(name[5:])
+    raise UsageError(f"unknown device '{name}' for --engine ctranslate2 (cpu, cuda, cuda:N or "
+                     f"auto)")
+
+
+__all__ = ["CTranslate2Translator", "converted_model", "cache_key", "CACHE_NAME"]

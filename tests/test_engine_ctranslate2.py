@@ -1,0 +1,269 @@
+"""--engine ctranslate2: nmt's text pipeline around CTranslate2. On a tiny model trained for a
+few seconds, greedy output is nmt-generate's byte for byte; beam output is too once nmt
+normalizes its probabilities as CTranslate2 does (without <pad> and <s>); the conversion is
+cached beside the checkpoint, made once even by processes racing for it; nmt-generate's
+guarantees (resume, --workers) hold; a cached model decodes without importing torch; what
+CTranslate2 cannot decode as nmt does is a one-line refusal; nmt-serve serves with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nmt.cli.generate import main as generate_main
+from nmt.search.config import SearchConfig
+from nmt.search.translator import Translator
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed "
+                                                        "(pip install 'nmt[export]')")
+
+from nmt.engines import ctranslate2 as engine  # noqa: E402
+from test_export import normalize_as_ctranslate2, sample_lines, trained  # noqa: E402,F401
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def generate(*args, stdin: str | None = None):
+    r = CliRunner().invoke(generate_main, ["-q", "--device", "cpu", *map(str, args)],
+                           input=stdin)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def copy_of(ckpt: Path, dest: Path) -> Path:
+    """A checkpoint of its own, so that each test sees its own cache."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / ckpt.name).write_bytes(ckpt.read_bytes())
+    return dest / ckpt.name
+
+
+def entries(ckpt: Path) -> list[str]:
+    root = ckpt.parent / engine.CACHE_NAME
+    return sorted(p.name for p in root.iterdir() if p.name != ".lock") if root.exists() else []
+
+
+# --- the translations -----------------------------------------------------------------------
+
+def test_greedy_output_is_nmts_byte_for_byte(trained, tmp_path):
+    src = write_lines(tmp_path / "in.en", sample_lines())
+    outs = {}
+    for eng in ("nmt", "ctranslate2"):
+        code, out, err = generate(trained, "-i", src, "--beam", 1, "--engine", eng,
+                                  "--threads", 1)
+        assert code == 0, err
+        outs[eng] = out
+    assert outs["ctranslate2"] == outs["nmt"]
+    assert len(outs["nmt"].split("\n")) == len(sample_lines()) + 1
+    assert sum(bool(x) for x in outs["nmt"].split("\n")) > 80   # the model translates
+
+
+@pytest.mark.parametrize("formula", ["gnmt", "fairseq"])
+def test_beam_search_is_nmts_with_ctranslate2s_normalization(trained, monkeypatch, formula):
+    """Beam 4, nbest 4: the same hypotheses in the same order, the same scores (CTranslate2
+    normalizes each step without <pad> and <s>: so does nmt here; without that, a model
+    trained for seconds differs on a few lines, a trained one on none)."""
+    lines = sample_lines()
+    search = SearchConfig(beam=4, nbest=4, lenpen=0.6 if formula == "gnmt" else 1.0,
+                          lenpen_formula=formula)
+    got = Translator.from_checkpoint(trained, search=search, engine="ctranslate2",
+                                     threads=1).translate_results(lines)
+    plain = Translator.from_checkpoint(trained, search=search).translate_results(lines)
+    same = sum(g.text == p.text for g, p in zip(got, plain))
+    assert same >= 0.9 * len(lines), same
+
+    normalize_as_ctranslate2(monkeypatch)
+    translator = Translator.from_checkpoint(trained, search=search)
+    ref = translator.translate_results(lines)
+    cut = lists = 0
+    for g, r, line in zip(got, ref, lines):
+        # A hypothesis that reaches the length limit ends there in CTranslate2, with a forced
+        # eos in nmt: a line that has one may differ, and its scores do.
+        limit = int(1.0 * len(translator.src_codec.encode(line)) + 50)
+        if any(len(h.ids) - 1 >= limit for h in g.hypotheses + r.hypotheses):
+            cut += 1
+            continue
+        if not r.hypotheses:             # an empty line
+            assert g.hypotheses == [] and g.text == ""
+            continue
+        assert g.hypotheses[0].ids == r.hypotheses[0].ids, line
+        assert g.hypotheses[0].score == pytest.approx(r.hypotheses[0].score, abs=2e-3), line
+        assert all(h.token_scores is None for h in g.hypotheses)
+        # Below the best, CTranslate2 keeps the beam most probable when more than a beam
+        # finish at once, where nmt ranks them all by its length penalty.
+        lists += [h.ids for h in g.hypotheses] == [h.ids for h in r.hypotheses]
+    assert cut < 0.1 * len(lines), cut
+    assert lists >= 0.9 * (len(lines) - cut), lists
+
+
+def test_the_length_limit_and_min_len_are_nmts(trained):
+    """Greedy: the same outputs whatever the limit (nmt's forced eos is where CTranslate2
+    stops). Beam search where the limit does not bind (see the module doc of
+    nmt.engines.ctranslate2 for where it does)."""
+    lines = sample_lines()[:40]
+    for search, share in ((SearchConfig(beam=1, max_len_a=0.5, max_len_b=2), 1.0),
+                          (SearchConfig(beam=1, max_len_a=0.0, max_len_b=0), 1.0),
+                          (SearchConfig(beam=1, min_len=15, max_len_b=20), 1.0),
+                          (SearchConfig(beam=4, min_len=12, max_len_b=60), 0.9)):
+        got = Translator.from_checkpoint(trained, search=search, engine="ctranslate2",
+                                         threads=1).translate(lines)
+        ref = Translator.from_checkpoint(trained, search=search).translate(lines)
+        same = sum(g == r for g, r in zip(got, ref))
+        assert same >= share * len(lines), (search, [(g, r) for g, r in zip(got, ref) if g != r])
+
+
+# --- the cache ------------------------------------------------------------------------------
+
+def test_converted_once_cached_beside_and_renewed_when_the_checkpoint_changes(
+        trained, tmp_path, monkeypatch):
+    ckpt = copy_of(trained, tmp_path / "run")
+    first = engine.converted_model(ckpt)
+    assert first.parent == ckpt.parent / engine.CACHE_NAME and entries(ckpt) == [first.name]
+    assert (first / "model.bin").is_file() and (first / engine.META).is_file()
+
+    import nmt.export
+
+    def no_export(*a, **k):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(nmt.export, "export_model", no_export)
+    assert engine.converted_model(ckpt) == first          # found, not converted
+    monkeypatch.undo()
+
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    before = ckpt.read_bytes()                              # another model under the same name
+    ck = load_checkpoint(ckpt)
+    name = next(k for k, v in ck["model"].items() if v.is_floating_point())
+    ck["model"][name] = ck["model"][name] + 0.5
+    save_checkpoint(ck, ckpt)
+    assert ckpt.read_bytes() != before
+    second = engine.converted_model(ckpt)
+    assert second != first and entries(ckpt) == [second.name]   # the old entry is gone
+
+
+def test_processes_racing_to_convert_make_one_entry(trained, tmp_path):
+    ckpt = copy_of(trained, tmp_path / "run")
+    code = ("import sys; from nmt.engines.ctranslate2 import converted_model; "
+            "print(converted_model(sys.argv[1]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(ckpt)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert len({o[0] for o in outs}) == 1
+    assert entries(ckpt) == [Path(outs[0][0].strip()).name]      # no temporaries left
+
+
+def test_an_unwritable_checkpoint_directory_caches_in_the_users_cache(trained, tmp_path,
+                                                                      monkeypatch):
+    ckpt = copy_of(trained, tmp_path / "readonly")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real = os.access
+    monkeypatch.setattr(engine.os, "access",
+                        lambda p, mode: (mode != os.W_OK or Path(p).parent != ckpt.parent)
+                        and real(p, mode))
+    entry = engine.converted_model(ckpt)
+    assert entry.parent == tmp_path / "cache" / "nmt" / "ctranslate2"
+
+
+# --- nmt-generate's guarantees --------------------------------------------------------------
+
+def test_workers_and_output_give_the_same_bytes_and_the_engine_is_part_of_the_run(
+        trained, tmp_path):
+    from nmt.cli.generate_config import GenerateConfig
+    from nmt.cli.generate_resume import run_identity
+
+    ckpt = copy_of(trained, tmp_path / "run")
+    src = write_lines(tmp_path / "in.en", sample_lines())
+    code, ref, err = generate(ckpt, "-i", src, "--engine", "ctranslate2")
+    assert code == 0, err
+    out = tmp_path / "out.de"
+    code, _, err = generate(ckpt, "-i", src, "--engine", "ctranslate2", "--workers", 2,
+                            "--buffer-size", 7, "--output", out)
+    assert code == 0, err
+    assert out.read_text(encoding="utf-8") == ref
+    # what an interrupted run of one engine left is not resumed by the other
+    ids = [run_identity([str(ckpt)], GenerateConfig(input_path=str(src), output_path=str(out),
+                                                    engine=e), "cpu", "fp32")
+           for e in ("nmt", "ctranslate2")]
+    assert ids[0] != ids[1] and ids[1]["options"]["engine"] == "ctranslate2"
+
+
+def test_a_cached_model_decodes_without_torch(trained, tmp_path):
+    ckpt = copy_of(trained, tmp_path / "run")
+    engine.converted_model(ckpt)
+    src = write_lines(tmp_path / "in.en", sample_lines()[:10])
+    code = ("import sys\nfrom nmt.cli.generate import main\n"
+            f"sys.argv = ['nmt-generate', {str(ckpt)!r}, '-i', {str(src)!r}, '-q', "
+            "'--engine', 'ctranslate2', '--threads', '1']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch' in sys.modules, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "False"
+    assert len(r.stdout.split("\n")) == 11
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--sampling"], "--sampling"),
+    (["--replace-unk"], "--replace-unk"),
+    (["--print-alignment", "--output-format", "jsonl"], "--print-alignment"),
+    (["--diverse-beam-groups", "2"], "--diverse-beam-groups"),
+    (["--lenpen-formula", "hf"], "hf length-penalty"),
+    (["--unkpen", "2"], "finite --unkpen"),
+    (["CKPT2"], "ensemble"),
+])
+def test_what_ctranslate2_cannot_decode_as_nmt_is_refused_in_one_line(trained, tmp_path, args,
+                                                                      words):
+    src = write_lines(tmp_path / "in.en", ["a dog ."])
+    args = [str(trained) if a == "CKPT2" else a for a in args]
+    code, out, err = generate(trained, "-i", src, "--engine", "ctranslate2", *args)
+    assert code != 0 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "--engine nmt" in lines[0], err
+
+
+def test_prefixes_and_constraints_are_refused_before_anything_is_written(trained, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"source": "a dog ."}) + "\n"
+                   + json.dumps({"source": "a cat .", "prefix": "eine"}) + "\n",
+                   encoding="utf-8")
+    out = tmp_path / "out.de"
+    code, _, err = generate(trained, "-i", src, "--input-format", "jsonl", "--engine",
+                            "ctranslate2", "--output", out)
+    assert code != 0 and not out.exists()
+    assert "forced prefixes" in err and len(err.strip().splitlines()) == 1, err
+
+
+# --- nmt-serve ------------------------------------------------------------------------------
+
+def test_nmt_serve_with_ctranslate2_answers_as_nmt_generate(trained, tmp_path):
+    from test_serve import Server, request, translate
+
+    lines = sample_lines()[:20]
+    code, ref, err = generate(trained, "-i", write_lines(tmp_path / "in.en", lines),
+                              "--engine", "ctranslate2")
+    assert code == 0, err
+    s = Server(tmp_path, trained, "--engine", "ctranslate2").wait_ready()
+    try:
+        assert translate(s.url, text=lines) == ref.split("\n")[:-1]
+        status, body = request(s.url + "/translate",
+                               json.dumps({"text": ["a dog ."], "prefix": "ein"}).encode())
+        assert status == 400 and "forced prefixes" in body["error"], body
+        status, body = request(s.url + "/translate",
+                               json.dumps({"text": ["a dog ."], "unkpen": 1.5}).encode())
+        assert status == 400 and "--unkpen" in body["error"], body
+    finally:
+        assert s.stop() == 0, s.stderr()
+    assert "CTranslate2" in s.stderr()
