@@ -21,10 +21,18 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when
    its best hypothesis has finished, close to nmt's rule; max length source + 50 per call).
 
+3. In the same rounds, ``nmt-generate --engine ctranslate2`` (the Translator with
+   ``engine="ctranslate2"``: nmt's pipeline, the cached conversion, CTranslate2's kept
+   environment) in float32 and int8, and, at beam > 1, CTranslate2 called directly with the
+   search that engine runs (length_penalty 1e-9, every finished hypothesis returned and
+   rescored with nmt's penalty: "nmt's search"), so that the engine's own cost is the ratio
+   of two runs of one search.
+
 The table gives the median wall time, sentences/s, output subword tokens/s, the child's peak
 RSS and sacreBLEU against --ref. Ratios are printed only between engines measured in this run
-on this model: nmt fp32 against CTranslate2 float32, and each engine's fastest precision
-against the other's. Needs ctranslate2 (pip install 'nmt[export]').
+on this model: nmt fp32 against CTranslate2 float32, each engine's fastest precision against
+the other's, and --engine ctranslate2 against CTranslate2 called directly with the same
+search. Needs ctranslate2 (pip install 'nmt[export]').
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ def child(args) -> None:
         lines = [line.rstrip("\n").rstrip("\r") for line in f]
     results = []
     for batching in (json.loads(args.batchings) if args.engine == "ct2" else [None]):
-        decode, count = (_nmt(args) if args.engine == "nmt" else _ct2(args, batching))
+        decode, count = (_nmt(args) if args.engine in ("nmt", "nmt-ct2")
+                         else _ct2(args, batching))
         decode(lines[:WARMUP])
         t0 = time.perf_counter()
         hyps = decode(lines)
@@ -79,18 +88,26 @@ def peak_rss_mb() -> float:
 
 
 def _nmt(args):
-    import torch
-
     from nmt.search.config import BatchConfig, SearchConfig
-    from nmt.search.translator import Translator
 
-    torch.set_num_threads(args.threads)
     # --batch-size: benchmarks/bench_versions.py times older trees with a fixed batch
     batch = BatchConfig(batch_size=args.batch_size) if args.batch_size else None
-    t = Translator.from_checkpoint(args.checkpoint, search=SearchConfig(beam=args.beam),
-                                   batch=batch, device="cpu",
-                                   precision={"float32": "fp32"}.get(args.precision,
-                                                                     args.precision))
+    precision = {"float32": "fp32"}.get(args.precision, args.precision)
+    if args.engine == "nmt-ct2":
+        # as nmt-generate --engine ctranslate2 runs: without torch (converted by the parent)
+        from nmt.engines.ctranslate2 import CTranslate2Translator
+
+        t = CTranslate2Translator.from_checkpoint(
+            args.checkpoint, search=SearchConfig(beam=args.beam), batch=batch, device="cpu",
+            precision=precision, threads=args.threads)
+    else:
+        import torch
+
+        from nmt.search.translator import Translator
+
+        torch.set_num_threads(args.threads)
+        t = Translator.from_checkpoint(args.checkpoint, search=SearchConfig(beam=args.beam),
+                                       batch=batch, device="cpu", precision=precision)
     tokens = {"n": 0}
 
     def decode(lines):
@@ -111,6 +128,13 @@ def _ct2(args, batching):
     tgt = spm.SentencePieceProcessor(model_file=f"{d}/target.spm")
     batch_type, size = batching
     tokens = {"n": 0}
+    # --nmt-search: the search --engine ctranslate2 runs (nmt.engines.ctranslate2)
+    recipe = args.nmt_search and args.beam > 1
+    options = ({"length_penalty": 1e-9, "num_hypotheses": args.beam, "return_scores": True}
+               if recipe else {"length_penalty": 0.0})
+
+    def gnmt(hyp_score):
+        return hyp_score[1] / ((5 + len(hyp_score[0]) + 1) / 6) ** 0.6
 
     def decode(lines):
         pieces = [src.encode(line, out_type=str) for line in lines]
@@ -119,11 +143,13 @@ def _ct2(args, batching):
         if keep:
             res = tr.translate_batch([pieces[i] for i in keep], max_batch_size=size,
                                      batch_type=batch_type, beam_size=args.beam,
-                                     length_penalty=0.0,
-                                     max_decoding_length=max(len(pieces[i]) for i in keep) + 50)
-            tokens["n"] = sum(len(r.hypotheses[0]) for r in res)
-            for i, r in zip(keep, res):
-                out[i] = tgt.decode(r.hypotheses[0])
+                                     max_decoding_length=max(len(pieces[i]) for i in keep) + 50,
+                                     min_decoding_length=0, **options)
+            best = [max(zip(r.hypotheses, r.scores), key=gnmt)[0] if recipe else r.hypotheses[0]
+                    for r in res]
+            tokens["n"] = sum(len(h) for h in best)
+            for i, h in zip(keep, best):
+                out[i] = tgt.decode(h)
         return out
     return decode, lambda: tokens["n"]
 
@@ -132,9 +158,10 @@ def run_child(args, work: Path, engine: str, precision: str, beam: int, model_di
               env_name: str = "", batchings: list | None = None) -> dict:
     tag = f"{engine}.{precision}.b{beam}.{env_name or 'default'}".replace("=", "")
     hyp = work / f"{tag}.txt"
-    cmd = [sys.executable, __file__, "--child", engine, "--precision", precision, "--beam",
-           str(beam), "--threads", str(args.threads), "--input", args.input, "--hyp", str(hyp),
-           "--model-dir", model_dir, "--batchings", json.dumps(batchings or []),
+    cmd = [sys.executable, __file__, "--child", engine.replace("-search", ""), "--precision",
+           precision, "--beam", str(beam), "--threads", str(args.threads), "--input",
+           args.input, "--hyp", str(hyp), "--model-dir", model_dir, "--batchings",
+           json.dumps(batchings or []), *(["--nmt-search"] if engine == "ct2-search" else []),
            args.checkpoint]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **CT2_ENVS.get(env_name, {})}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -185,22 +212,32 @@ def main(argv=None) -> int:
     dirs["int8"] = dirs["int8_float32"] = str(export_model(args.checkpoint, work / "ct2-int8",
                                                            quantization="int8"))
     beams = [int(b) for b in args.beams.split(",")]
+    from nmt.engines.ctranslate2 import converted_model
+
+    converted_model(args.checkpoint)      # --engine ctranslate2's cache, before any timing
     load_before = os.getloadavg()[0]
     tuned = tune_ct2(args, work, dirs, beams)
     configs = [("nmt", p, b) for b in beams for p in nmt_precisions()]
     configs += [("ct2", ct, b) for b in beams for ct in CT2_TYPES]
+    configs += [("nmt-ct2", ct, b) for b in beams for ct in ("float32", "int8")]
+    configs += [("ct2-search", ct, b) for b in beams if b > 1 for ct in ("float32", "int8")]
     walls: dict = {c: [] for c in configs}
     rows: dict = {}
     for r in range(args.rounds):
         for c in (configs if r % 2 == 0 else configs[::-1]):
             engine, precision, beam = c
-            env_name, batching = tuned[(precision, beam)] if engine == "ct2" else ("", None)
+            env_name, batching = (tuned[(precision, beam)] if engine.startswith("ct2")
+                                  else (tuned[(precision, beam)][0], None)
+                                  if engine == "nmt-ct2" else ("", None))
             row = run_child(args, work, engine, precision, beam, dirs.get(precision, ""),
                             env_name, [batching] if batching else None)
             walls[c].append(row["results"][-1]["wall"])
             rows[c] = {**row, "tokens": row["results"][-1]["tokens"], "setting": (
-                f"{env_name}, {batching[1]} {batching[0]}" if engine == "ct2" else
-                f"defaults ({max(SEARCH_TOKENS // beam, 256)} source tokens per batch)")}
+                f"{env_name}, {batching[1]} {batching[0]}"
+                + (", nmt's search" if engine == "ct2-search" else "")
+                if engine.startswith("ct2") else
+                f"defaults ({max(SEARCH_TOKENS // beam, 256)} source tokens per batch)"
+                + (f", {env_name}" if engine == "nmt-ct2" else ""))}
     n = sum(1 for _ in open(args.input, encoding="utf-8"))
     report = {"command": "python benchmarks/bench_ct2.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine(args.threads), "sentences": n, "rounds": args.rounds,
@@ -253,20 +290,27 @@ def markdown(report: dict, beams: list[int]) -> str:
            f"{report['load_before']:.2f} before, {report['load_after']:.2f} after.", "",
            "| engine | precision | beam | setting | sentences/s | tokens/s | peak RSS MB "
            "| BLEU |", "|---|---|---:|---|---:|---:|---:|---:|"]
+    names = {"nmt": "nmt", "ct2": "CTranslate2", "ct2-search": "CTranslate2",
+             "nmt-ct2": "nmt --engine ctranslate2"}
     for r in report["rows"]:
-        out.append(f"| {'nmt' if r['engine'] == 'nmt' else 'CTranslate2'} | {r['precision']} "
+        out.append(f"| {names[r['engine']]} | {r['precision']} "
                    f"| {r['beam']} | {r['setting']} | {r['sentences_per_s']:,.1f} | "
                    f"{r['tokens_per_s']:,.0f} | {r['rss_mb']:.0f} | {r['bleu']} |")
-    out += ["", "| beam | nmt fp32 / CTranslate2 float32 | nmt fastest / CTranslate2 fastest |",
-            "|---:|---:|---:|"]
+    out += ["", "| beam | nmt fp32 / CTranslate2 float32 | nmt fastest / CTranslate2 fastest "
+            "| --engine ctranslate2 / CTranslate2, float32 | ... int8 |",
+            "|---:|---:|---:|---:|---:|"]
     for b in beams:
         rows = [r for r in report["rows"] if r["beam"] == b]
         by = {(r["engine"], r["precision"]): r for r in rows}
         fast = {e: min((r for r in rows if r["engine"] == e), key=lambda r: r["wall_s"])
-                for e in ("nmt", "ct2")}
+                for e in ("nmt", "ct2")}      # nmt's own engine; CTranslate2 at its fastest
+        same = "ct2" if b == 1 else "ct2-search"        # CTranslate2 with the same search
+        engine = [f"{by[(same, ct)]['wall_s'] / by[('nmt-ct2', ct)]['wall_s']:.2f}x"
+                  for ct in ("float32", "int8")]
         out.append(f"| {b} | {by[('ct2', 'float32')]['wall_s'] / by[('nmt', 'fp32')]['wall_s']:.2f}x "
                    f"| {fast['ct2']['wall_s'] / fast['nmt']['wall_s']:.2f}x (nmt "
-                   f"{fast['nmt']['precision']}, CTranslate2 {fast['ct2']['precision']}) |")
+                   f"{fast['nmt']['precision']}, CTranslate2 {fast['ct2']['precision']}) "
+                   f"| {engine[0]} | {engine[1]} |")
     return "\n".join(out)
 
 
@@ -280,7 +324,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
-    ap.add_argument("--child", choices=["nmt", "ct2"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["nmt", "ct2", "nmt-ct2"], help=argparse.SUPPRESS)
+    ap.add_argument("--nmt-search", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--hyp", help=argparse.SUPPRESS)

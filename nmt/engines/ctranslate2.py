@@ -26,11 +26,16 @@ exactly as nmt does:
   own formula. CTranslate2 normalizes each step's probabilities without ``<pad>`` and ``<s>``,
   which nmt only never picks: on a trained model this changes nothing; on a model trained for
   seconds it can change a few beam outputs;
-- the length limit ``floor(a * source length + b)`` (sentences with one limit share a
-  ``translate_batch`` call), ``--min-len``, ``--no-repeat-ngram-size``, ``--unkpen inf``.
+- the length limit ``floor(a * source length + b)``: a batch is one ``translate_batch``
+  call up to its longest limit, and a sentence whose search reached its own limit is decoded
+  again with it; ``--min-len``, ``--no-repeat-ngram-size``, ``--unkpen inf``.
 
-A hypothesis that reaches the length limit ends there (nmt appends a forced ``</s>``): same
-tokens, but its score lacks that ``</s>``'s log-probability. Token scores are not given (None).
+Where a hypothesis reaches the length limit, CTranslate2 ends it there and nmt forces a
+``</s>`` and counts its probability: greedy output is the same (only the score lacks that
+probability), beam search may rank such a hypothesis otherwise. Below the best hypothesis,
+an n-best list can differ when more than ``beam`` hypotheses finish at one step (CTranslate2
+keeps the ``beam`` most probable, nmt ranks them all by its length penalty). Token scores are
+not given (None).
 What CTranslate2 cannot decode as nmt does is refused in one line naming it
 (:meth:`CTranslate2Translator.check_search`): sampling, ensembles, forced prefixes, lexical
 and tree constraints, transformers' length-penalty rule (``hf``), a finite ``--unkpen``,
@@ -344,34 +349,51 @@ class CTranslate2Translator(TranslatorBase):
         return limit
 
     def _decode_batch(self, batch, arrays, first_line, prefixes, constraints):
+        """One translate_batch call for the whole batch, up to its longest length limit; a
+        sentence whose search ran into its own, shorter limit is decoded again with it
+        (CTranslate2's max_decoding_length is one number per call). A search that ended
+        before its limit is the search the limit would have given: its steps never came
+        near it."""
         self.check_search(self.search)
+        limits = {i: self._limit(arrays[i].size, first_line + i) for i in batch}
+        # nmt: with a limit of 0 only eos may follow
+        out = {i: [_Hypothesis([EOS], 0.0)] for i in batch if limits[i] == 0}
+        rows = [i for i in batch if limits[i] > 0]
+        if rows:
+            longest = max(limits[i] for i in rows)
+            again: dict[int, list[int]] = {}
+            for i, hyps in zip(rows, self._call(rows, arrays, longest)):
+                # every finished hypothesis: the longest ended the search (when more than a
+                # beam finish at once, one of the last step's is among the beam kept)
+                if any(len(h.tokens) - 1 >= limits[i] for h in hyps) and limits[i] < longest:
+                    again.setdefault(limits[i], []).append(i)
+                else:
+                    out[i] = hyps
+            for limit, group in again.items():
+                out.update(zip(group, self._call(group, arrays, limit)))
+        return [out[i][:self.search.nbest] for i in batch]
+
+    def _call(self, rows: list[int], arrays, limit: int) -> list[list[_Hypothesis]]:
+        """CTranslate2's hypotheses for ``arrays[i]``, i in ``rows``, with at most ``limit``
+        tokens: the (up to) ``beam`` finished ones, ranked by nmt's score (ties: CTranslate2's
+        order)."""
         s = self.search
         symbols = self.src_codec.dictionary.symbols
         index = self.tgt_codec.dictionary.index
-        groups: dict[int, list[int]] = {}
-        for i in batch:
-            groups.setdefault(self._limit(arrays[i].size, first_line + i), []).append(i)
-        out: dict[int, list[_Hypothesis]] = {}
-        beam = s.beam
-        for limit, rows in groups.items():
-            if limit == 0:         # nmt: only eos may follow
-                for i in rows:
-                    out[i] = [_Hypothesis([EOS], 0.0)]
-                continue
-            results = self.model.translate_batch(
-                [[symbols[t] for t in arrays[i]] for i in rows], beam_size=beam,
-                num_hypotheses=beam if beam > 1 else 1,
-                length_penalty=TINY_LENPEN if beam > 1 else 0.0, return_scores=True,
-                min_decoding_length=min(s.minimum, limit), max_decoding_length=limit,
-                max_input_length=0, no_repeat_ngram_size=s.no_repeat_ngram_size,
-                disable_unk=s.unkpen == math.inf, max_batch_size=0)
-            for i, r in zip(rows, results):
-                hyps = [self._scored(tokens, score, index) for tokens, score
-                        in zip(r.hypotheses, r.scores)]
-                # best first by nmt's score; ties keep CTranslate2's order (stable sort)
-                hyps.sort(key=lambda h: -h.score)
-                out[i] = hyps[:s.nbest]
-        return [out[i] for i in batch]
+        results = self.model.translate_batch(
+            [[symbols[t] for t in arrays[i]] for i in rows], beam_size=s.beam,
+            num_hypotheses=s.beam, length_penalty=TINY_LENPEN if s.beam > 1 else 0.0,
+            return_scores=True, min_decoding_length=min(s.minimum, limit),
+            max_decoding_length=limit, max_input_length=0,
+            no_repeat_ngram_size=s.no_repeat_ngram_size, disable_unk=s.unkpen == math.inf,
+            max_batch_size=0)
+        out = []
+        for r in results:
+            hyps = [self._scored(tokens, score, index) for tokens, score
+                    in zip(r.hypotheses, r.scores)]
+            hyps.sort(key=lambda h: -h.score)        # stable
+            out.append(hyps)
+        return out
 
     def _scored(self, tokens: list[str], score: float, index) -> _Hypothesis:
         from nmt.search.length_penalty import length_penalty
