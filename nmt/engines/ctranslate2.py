@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError, UsageError
