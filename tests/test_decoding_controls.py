@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import nmt
-from nmt.cli.generate_config import GenerateConfig
+from nmt.batch.config import GenerateConfig
 from nmt.data.codec import whitespace_codec
 from nmt.data.dictionary import Dictionary
 from nmt.errors import UsageError

@@ -180,8 +180,8 @@ def test_an_unwritable_checkpoint_directory_caches_in_the_users_cache(trained, t
 
 def test_workers_and_output_give_the_same_bytes_and_the_engine_is_part_of_the_run(
         trained, tmp_path):
-    from nmt.cli.generate_config import GenerateConfig
-    from nmt.cli.generate_resume import run_identity
+    from nmt.batch.config import GenerateConfig
+    from nmt.batch.resume import run_identity
 
     ckpt = copy_of(trained, tmp_path / "run")
     src = write_lines(tmp_path / "in.en", sample_lines())

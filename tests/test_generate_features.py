@@ -324,7 +324,7 @@ def test_the_forced_target_check_loads_the_model_only_for_lines_that_need_it(ckp
     """--workers checks a jsonl file's prefixes and constraints in the parent before any
     worker starts; the model it needs for that is built only when a line has either, and
     once."""
-    from nmt.cli.generate_input import check_forced_targets
+    from nmt.batch.input import check_forced_targets
 
     built = []
 

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from nmt.cli.generate_shards import Shard
+from nmt.batch.shards import Shard
 from test_reliability_output import error_line
 from test_translator import checkpoint_and_input
 
@@ -185,8 +185,8 @@ def test_rank_0_holds_the_outputs_lock_and_each_rank_its_shards(f, tmp_path):
     """A one-process run on OUT holds .OUT.nmt-lock: rank 0 of a torchrun job on OUT (which
     would delete the one-process run's files with --overwrite, and write OUT) is refused.
     A rank's shard lock refuses that rank of a second job."""
-    from nmt.cli.generate_resume import output_lock
-    from nmt.cli.generate_shards import shard_path
+    from nmt.batch.resume import output_lock
+    from nmt.batch.shards import shard_path
 
     out = tmp_path / "out.txt"
     with output_lock(out):

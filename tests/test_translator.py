@@ -213,7 +213,7 @@ def test_one_device_resolver_and_precision_table(monkeypatch):
 
 
 def test_search_config_resolves_against_the_preset(ckpt):
-    from nmt.cli.generate_config import GenerateConfig
+    from nmt.batch.config import GenerateConfig
 
     preset = nmt.get_arch("transformer_tiny", {"max_len_b": 8})
     s = SearchConfig(beam=2).resolve(preset)

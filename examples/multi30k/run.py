@@ -402,7 +402,7 @@ def drop_partial(output: Path) -> None:
     """For Recipe.step(on_stale=...) of a decoding step whose command changed: remove what an
     interrupted run of the old command left beside OUTPUT (nmt-generate refuses to resume it
     with another command), so that the new one starts afresh."""
-    from nmt.cli.generate_resume import JOURNAL, PARTIAL
+    from nmt.batch.resume import JOURNAL, PARTIAL
 
     for suffix in (JOURNAL, PARTIAL):
         output.with_name(output.name + suffix).unlink(missing_ok=True)

@@ -5,14 +5,13 @@ Data goes to stdout; logs, tables and progress bars go to stderr (``console``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
 import os
 import sys
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 import click
 from rich.console import Console
@@ -117,54 +116,6 @@ def handle_errors(prog: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return deco
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped a command (a KeyboardInterrupt, so that no ``except
-    Exception`` on the way swallows it); exit code 128 + the signal number."""
-
-    def __init__(self, signum: int, detail: str = ""):
-        import signal
-
-        super().__init__(f"interrupted by {signal.Signals(signum).name}" +
-                         (f"; {detail}" if detail else ""))
-        self.signum, self.exit_code = signum, 128 + signum
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` inside (SIGTERM would otherwise end the
-    process on the spot, leaving temporary files and half-written output): the ``finally``
-    and ``except`` blocks on the way clean up. Use :func:`signals_deferred` around what must
-    not be cut. Previous handlers come back on exit."""
-    import signal
-    import threading
-
-    def handler(signum, frame):
-        raise Interrupted(signum)
-
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """SIGINT/SIGTERM arriving inside take effect when it ends, as :class:`Interrupted`, so
-    that e.g. a batch of output lines is written whole; a second signal stops at once
-    (nmt.training.signals.SignalCatcher, as nmt-train's updates)."""
-    from nmt.training.signals import SignalCatcher
-
-    with SignalCatcher() as caught:
-        yield
-    if caught.received:
-        raise Interrupted(caught.received)
 
 
 class Command(click.Command):

@@ -20,14 +20,13 @@ from typing import Callable, Iterator, Sequence
 
 import click
 
-from nmt.cli.common import (Command, Interrupted, handle_errors, make_progress,
-                            read_path_from_stdin, setup_runtime, signals_deferred,
-                            stop_on_signals)
-from nmt.cli.generate_config import GenerateConfig
-from nmt.cli.generate_input import check_forced_targets
-from nmt.cli.generate_modes import (build_translator, format_result, score_reference,
-                                   translate_chunk)
-from nmt.cli.generate_shards import Shard, finish, rank_named, torchrun_shard
+from nmt.batch.config import GenerateConfig
+from nmt.batch.input import check_forced_targets
+from nmt.batch.modes import build_translator, format_result, score_reference, translate_chunk
+from nmt.cli.common import (Command, handle_errors, make_progress, read_path_from_stdin,
+                            setup_logging, setup_runtime)
+from nmt.batch.shards import Shard, finish, rank_named, torchrun_shard
+from nmt.signals import Interrupted, signals_deferred, stop_on_signals
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError, UsageError
 from nmt.io import LineWriter, atomic_write, check_output_file, is_regular_file, mark_written
@@ -224,7 +223,7 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
         for p in paths[:1]:
             converted_model(p)
     if workers > 1:
-        from nmt.cli.generate_workers import WorkerSpec, worker_threads
+        from nmt.batch.workers import WorkerSpec, worker_threads
 
         if checkable:
             # Before any worker writes: a line found bad mid-run would stop every rerun of a
@@ -234,7 +233,7 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
                                  cfg.buffer_size)
         threads, verbose, quiet = runtime
         spec = WorkerSpec(paths, cfg, device, precision, worker_threads(threads, workers),
-                          verbose, quiet)
+                          verbose, quiet, setup_logging)
         log.info("%d workers x %d thread(s)", workers, spec.threads)
         return None, (workers, spec)
     translator = build_translator(sources, cfg, device, precision, runtime[0])
@@ -247,7 +246,7 @@ def _decoder(sources: Sequence, paths: list[str], cfg: GenerateConfig, device: s
 def _run(translator, cfg: GenerateConfig, sources: Sequence, split: str | None, quiet: bool,
          resumable, pool, shard_timeout: float) -> None:
     """Translate, and say how fast; under torchrun, then finish the shards
-    (nmt.cli.generate_shards.finish)."""
+    (nmt.batch.shards.finish)."""
     start = time.perf_counter()
     writer = _Writer(cfg.output_format, cfg.nbest)
     shard = resumable.shard if resumable is not None else None
@@ -301,7 +300,7 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig
 def _check_output_target(cfg: GenerateConfig, paths: Sequence[str], overwrite: bool) -> None:
     """--output is never one of the run's inputs, nor a file nmt did not write (unless
     --overwrite); what an interrupted run of it left is resumed, as before."""
-    from nmt.cli.generate_shards import leftovers
+    from nmt.batch.shards import leftovers
 
     if cfg.output_path in (None, "-"):
         return
@@ -314,16 +313,16 @@ ALREADY_COMPLETE = object()     # _resumable(): --output holds this very run's f
 
 def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str],
                device: str, precision: str, overwrite: bool, shard: Shard | None = None):
-    """The resumable output (nmt.cli.generate_resume) of a run that can have one: --output
+    """The resumable output (nmt.batch.resume) of a run that can have one: --output
     FILE, translating an --input that is a regular file; else None. Under torchrun, this
-    rank's shard (nmt.cli.generate_shards). Refuses a rerun that differs from the
+    rank's shard (nmt.batch.shards). Refuses a rerun that differs from the
     interrupted one (another world size too) before anything is loaded."""
     if (cfg.output_path in (None, "-") or split is not None or cfg.score_reference
             or cfg.input_path in (None, "-") or not is_regular_file(cfg.input_path)
             or is_stream(cfg.output_path)):
         return None
-    from nmt.cli.generate_resume import ResumableOutput, output_lock, run_identity
-    from nmt.cli.generate_shards import ShardOutput, check_other_runs, first_attempt, shard_path
+    from nmt.batch.resume import ResumableOutput, output_lock, run_identity
+    from nmt.batch.shards import ShardOutput, check_other_runs, first_attempt, shard_path
 
     identity = run_identity(checkpoints, cfg, device, precision)
     # One writer per output, held to the end (``out.lock``): two runs resuming one journal
@@ -357,7 +356,7 @@ def _resumable(cfg: GenerateConfig, split: str | None, checkpoints: Sequence[str
 def _finished_before(cfg: GenerateConfig, identity: dict) -> bool:
     """--output holds what this run (its identity, already plain JSON data) wrote in full, and
     no interrupted run has left anything beside it."""
-    from nmt.cli.generate_shards import leftovers
+    from nmt.batch.shards import leftovers
     from nmt.io import written_record
 
     record = written_record(cfg.output_path)
@@ -368,7 +367,7 @@ def _finished_before(cfg: GenerateConfig, identity: dict) -> bool:
 def _generate(translator, cfg: GenerateConfig, sources: Sequence, split: str | None,
               writer: "_Writer", quiet: bool, resumable=None, pool=None) -> None:
     """Translate (or score) what ``cfg`` says into ``writer``'s output, with ``translator``
-    or, for --workers, a pool of (workers, nmt.cli.generate_workers.WorkerSpec)."""
+    or, for --workers, a pool of (workers, nmt.batch.workers.WorkerSpec)."""
     if resumable is not None:
         with resumable as out:
             writer.out, writer.commit = out.writer, out.commit
@@ -460,10 +459,10 @@ def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool
                      start_line: int = 1, start_byte: int = 0, pool=None,
                      shard: Shard | None = None) -> None:
     """Raw lines (text or jsonl requests) from --input or stdin, a chunk at a time
-    (nmt.cli.generate_input), from ``start_line`` (at ``start_byte``) of an --input file;
+    (nmt.batch.input), from ``start_line`` (at ``start_byte``) of an --input file;
     by ``translator``, or by the workers of ``pool`` (see _generate); under torchrun, only
     ``shard``'s chunks (its rank shows no progress bar unless it is rank 0)."""
-    from nmt.cli.generate_input import input_chunks
+    from nmt.batch.input import input_chunks
 
     chunks, total = input_chunks(cfg, start_line, start_byte)
     done_before = start_line - 1
@@ -472,7 +471,7 @@ def _translate_lines(translator, cfg: GenerateConfig, emit: _Writer, quiet: bool
         quiet = quiet or shard.rank != 0
     with _Progress(total, quiet, done_before) as progress:
         if pool is not None:
-            from nmt.cli.generate_workers import WorkerPool
+            from nmt.batch.workers import WorkerPool
 
             with WorkerPool(*pool) as workers:
                 for texts, lines, tokens, done in workers.translate(chunks, start_line,

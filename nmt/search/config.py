@@ -2,7 +2,7 @@
 
 ``SearchConfig`` (how beam search decodes), ``BatchConfig`` (how the Translator batches) and
 ``SamplingConfig`` (how sampling draws) are what the library takes; nmt-generate's command line
-(its files and formats too) is ``nmt.cli.generate_config.GenerateConfig``, built on these.
+(its files and formats too) is ``nmt.batch.config.GenerateConfig``, built on these.
 
     from nmt.search.config import SearchConfig
     SearchConfig(beam=5).resolve(model_cfg)          # unset fields: the model's preset

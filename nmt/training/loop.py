@@ -32,7 +32,8 @@ from nmt.training.meter import Meter
 from nmt.training.policy import Decision, Policy
 from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
-from nmt.training.signals import SignalCatcher, TrainingInterrupted
+from nmt.signals import SignalCatcher
+from nmt.training.signals import TrainingInterrupted
 
 log = logging.getLogger("nmt.train")
 

@@ -8,7 +8,7 @@ import json
 from typing import Any, Callable, Sequence
 
 from nmt.errors import NmtError
-from nmt.cli.generate_config import GenerateConfig
+from nmt.batch.config import GenerateConfig
 from nmt.specials import EOS
 
 
@@ -117,7 +117,7 @@ def score_reference(translator, cfg: GenerateConfig, out,
                     progress: Callable[[int], None] | None) -> None:
     """--score-reference: one line per input pair (text: total, per-token and normalized
     log-probability, tab-separated; jsonl: an object), written with ``out.write(text,
-    pairs)`` (nmt.cli.generate's writer). Everything is read and checked before anything is
+    pairs)`` (nmt-generate's writer). Everything is read and checked before anything is
     written."""
     from nmt.io import read_lines
     from nmt.search.forced import score_pairs

@@ -12,7 +12,7 @@ Beside FILE, while it is being written:
   cut off at the rerun.
 
 The input is translated in chunks that start at the same lines whatever the start
-(nmt.cli.generate_input), and sampling seeds each line by its number, so the lines after a
+(nmt.batch.input), and sampling seeds each line by its number, so the lines after a
 resume are those an uninterrupted run writes. At the end FILE.nmt-partial is renamed to FILE
 and the journal removed. A rerun whose identity differs is refused with one line naming the
 difference; --overwrite starts afresh. stdin cannot be resumed (it cannot be read again).
@@ -27,9 +27,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from nmt.cli.generate_config import GenerateConfig
-from nmt.cli.generate_modes import lines_per_result
-from nmt.cli.generate_tally import InputTally, check_resume, newlines
+from nmt.batch.config import GenerateConfig
+from nmt.batch.modes import lines_per_result
+from nmt.batch.tally import InputTally, check_resume, newlines
 from nmt.errors import NmtError
 from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir, mark_written
 from nmt.lock import WriterLock
@@ -39,7 +39,7 @@ log = logging.getLogger("nmt.generate")
 
 JOURNAL = ".nmt-progress.json"
 PARTIAL = ".nmt-partial"
-VERSION = 2     # 2: output_lines and input_sha256 (nmt.cli.generate_tally)
+VERSION = 2     # 2: output_lines and input_sha256 (nmt.batch.tally)
 # Options that say where the input and output are (recorded as files), not what is written.
 _NOT_IDENTITY = ("input_path", "output_path")
 
@@ -90,7 +90,7 @@ def _chunked(options: dict) -> bool:
 
 def difference(old: dict, new: dict) -> str | None:
     """The first thing that differs between two identities, in words; None if none does."""
-    if old.get("shard") != new.get("shard"):          # nmt.cli.generate_shards
+    if old.get("shard") != new.get("shard"):          # nmt.batch.shards
         return f"share {_share(old.get('shard'))} (now {_share(new.get('shard'))})"
     o, n = old.get("options", {}), new["options"]
     for key in sorted(set(o) | set(n)):
@@ -126,7 +126,7 @@ class ResumableOutput:
     chunk's lines with ``out.writer``, then ``out.commit(lines, input_bytes)``; the rename
     to FILE happens on a clean exit. ``start_line``/``start_byte``: where the input resumes."""
 
-    shard = None        # a torchrun rank's share (nmt.cli.generate_shards.ShardOutput)
+    shard = None        # a torchrun rank's share (nmt.batch.shards.ShardOutput)
     lock = None     # the output_lock()s its maker took: a context manager that releases them
     installed = False                   # FILE is in place, whole
 
@@ -275,7 +275,7 @@ class ResumableOutput:
             raise NmtError(f"{exc}; {self.stopped()}") from None
 
     def _install(self) -> None:
-        from nmt.cli.common import signals_deferred
+        from nmt.signals import signals_deferred
 
         self._check_whole()
         try:

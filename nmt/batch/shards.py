@@ -4,10 +4,10 @@ merges the shares into --output FILE, byte-identical to a one-process run.
 ``torchrun --nproc-per-node 8 [--nnodes N ...] --max-restarts 3 --no-python nmt-generate
 CKPT -i INPUT --output FILE``: torchrun starts the ranks and restarts them; nmt has no
 scheduler of its own and needs no process group. The input is cut into the chunks of one
-process (--buffer-size lines, nmt.cli.generate_input); rank r of W translates the chunks i
+process (--buffer-size lines, nmt.batch.input); rank r of W translates the chunks i
 with i mod W = r, exactly as one process translates them (same lines, same batches, same line
 numbers for sampling seeds), into its shard, a resumable output of its own
-(nmt.cli.generate_resume) beside FILE:
+(nmt.batch.resume) beside FILE:
 
 - ``FILE.shard-R-of-W.nmt-partial``: the translations of rank R's chunks, in input order,
 - ``FILE.shard-R-of-W.nmt-progress.json``: its journal (the run's identity with the share
@@ -43,8 +43,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from nmt.cli.generate_config import GenerateConfig
-from nmt.cli.generate_resume import JOURNAL, PARTIAL, ResumableOutput
+from nmt.batch.config import GenerateConfig
+from nmt.batch.resume import JOURNAL, PARTIAL, ResumableOutput
 from nmt.errors import NmtError, UsageError
 
 log = logging.getLogger("nmt.generate")
@@ -311,7 +311,7 @@ def wait_for_shards(out: ShardOutput, timeout_min: float) -> dict[int, dict]:
 def merge_shards(out: ShardOutput, states: dict[int, dict], cfg: GenerateConfig) -> int:
     """Write --output FILE from the shards, each chunk's lines from its shard in turn (a
     temporary renamed into place), then remove the shards; the input's line count."""
-    from nmt.cli.generate_modes import lines_per_result
+    from nmt.batch.modes import lines_per_result
     from nmt.io import atomic_write, fsync_dir, mark_written, write_all
 
     world, size = out.shard.world, out.shard.chunk_lines

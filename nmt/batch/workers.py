@@ -3,7 +3,7 @@
 --buffer-size lines) goes to worker i mod N, and the translations come back and are written
 in input order. Each chunk is translated exactly as one process translates it (same lines,
 same batches, same line numbers for sampling seeds), so the output is the one-process output,
-and a resumable --output (nmt.cli.generate_resume) resumes as it does with one process.
+and a resumable --output (nmt.batch.resume) resumes as it does with one process.
 
 Workers are started with "spawn" (a fresh interpreter: no OpenMP state inherited through
 fork) and hold at most two chunks each, so memory stays bounded whatever the input's size.
@@ -15,9 +15,9 @@ import logging
 import os
 import queue
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
-from nmt.cli.generate_config import GenerateConfig
+from nmt.batch.config import GenerateConfig
 from nmt.errors import NmtError
 
 log = logging.getLogger("nmt.generate")
@@ -35,6 +35,9 @@ class WorkerSpec:
     threads: int
     verbose: bool
     quiet: bool
+    # how a worker sets up its logging (a module-level function: picklable), called with
+    # (verbose, quiet); nmt-generate passes its own
+    setup_logging: Callable[[bool, bool], None] | None = None
 
 
 def _worker(spec: WorkerSpec, tasks, results) -> None:
@@ -46,10 +49,10 @@ def _worker(spec: WorkerSpec, tasks, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     try:
-        from nmt.cli.common import setup_logging
-        from nmt.cli.generate_modes import build_translator, translate_chunk
+        from nmt.batch.modes import build_translator, translate_chunk
 
-        setup_logging(spec.verbose, spec.quiet)
+        if spec.setup_logging is not None:
+            spec.setup_logging(spec.verbose, spec.quiet)
         if spec.cfg.engine == "nmt":      # CTranslate2 takes its threads below, without torch
             import torch
 

@@ -4,7 +4,7 @@ its translations) whatever the input's size.
 An --input file that is a regular file is read twice: a first pass checks every line (UTF-8,
 and each jsonl request) and counts them, so that bad input writes nothing and the progress
 bar knows its total; the second translates it chunk by chunk from line 1 (or from where an
-interrupted run stopped: nmt.cli.generate_resume), each chunk with the byte offset past it.
+interrupted run stopped: nmt.batch.resume), each chunk with the byte offset past it.
 The chunks are the same whatever the start, so a resumed run batches, and so translates,
 exactly as an uninterrupted one. stdin, a pipe or a process substitution is read once, as it
 comes (nmt.io.stream_batches).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Iterator
 
-from nmt.cli.generate_config import GenerateConfig
+from nmt.batch.config import GenerateConfig
 
 Chunks = Iterator[tuple[list, "int | None"]]     # (lines or jsonl requests, offset past them)
 
