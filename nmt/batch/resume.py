@@ -20,6 +20,7 @@ difference; --overwrite starts afresh. stdin cannot be resumed (it cannot be rea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -127,10 +128,12 @@ class ResumableOutput:
     to FILE happens on a clean exit. ``start_line``/``start_byte``: where the input resumes."""
 
     shard = None        # a torchrun rank's share (nmt.batch.shards.ShardOutput)
-    lock = None     # the output_lock()s its maker took: a context manager that releases them
     installed = False                   # FILE is in place, whole
 
-    def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike, identity: dict, overwrite: bool = False,
+                 lock: contextlib.AbstractContextManager | None = None):
+        # the output_lock()s its maker took: a context manager that releases them
+        self.lock = lock if lock is not None else contextlib.nullcontext()
         self.path = Path(path)
         self.journal = self.path.with_name(self.path.name + JOURNAL)
         self.partial = self.path.with_name(self.path.name + PARTIAL)

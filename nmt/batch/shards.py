@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 from nmt.batch.config import GenerateConfig
 from nmt.batch.resume import JOURNAL, PARTIAL, ResumableOutput
@@ -86,8 +86,7 @@ class Shard:
         return str(pick_device(device, DistInfo(self.rank, self.world, self.local_rank)))
 
 
-def torchrun_shard(cfg: GenerateConfig, checkpoints: Sequence[str], workers: int
-                   ) -> Shard | None:
+def torchrun_shard(cfg: GenerateConfig, workers: int) -> Shard | None:
     """This rank's Shard when torchrun started more than one (WORLD_SIZE > 1), else None;
     a one-line UsageError for what cannot be sharded."""
     from nmt.io import is_regular_file
@@ -103,8 +102,6 @@ def torchrun_shard(cfg: GenerateConfig, checkpoints: Sequence[str], workers: int
     if workers > 1:
         raise UsageError("--workers and torchrun exclude each other: each rank is one "
                          "decoding process (ask torchrun for more with --nproc-per-node)")
-    if not checkpoints:
-        raise UsageError(f"{under} name the CHECKPOINT: the ranks cannot share stdin")
     if cfg.output_path in (None, "-"):
         raise UsageError(f"{under} nmt-generate needs --output FILE: each rank writes its "
                          f"share beside it and rank 0 merges them")
@@ -165,11 +162,11 @@ class ShardOutput(ResumableOutput):
     (that rank would translate its share again, for nothing)."""
 
     def __init__(self, output: str | os.PathLike, identity: dict, shard: Shard,
-                 overwrite: bool):
+                 overwrite: bool, lock=None):
         self.output, self.shard, self.complete = Path(output), shard, False
         self.attempt: str | None = None
         super().__init__(shard_path(output, shard.rank, shard.world),
-                         {**identity, "shard": [shard.rank, shard.world]}, overwrite)
+                         {**identity, "shard": [shard.rank, shard.world]}, overwrite, lock)
 
     def _resume_from(self, state: dict) -> None:
         try:

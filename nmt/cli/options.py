@@ -111,23 +111,38 @@ def log_options(fn: F) -> F:
     return fn
 
 
-def runtime_options(fn: F) -> F:
-    """--device, --precision and --threads (the commands that run a model), then -v/-q."""
-    fn = log_options(fn)
-    fn = click.option("--threads", type=int, default=None,
-                      help="CPU threads for PyTorch (torch.set_num_threads).")(fn)
-    fn = click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
-                      show_default=True,
-                      help="fp32, or bf16/fp16 (mixed precision on a GPU; decoding also "
-                           "runs bf16 on a CPU with native bf16, e.g. AVX512-BF16/AMX), or "
-                           "int8 (decoding on a CPU only: linear layers dynamically "
-                           "quantized to int8), or auto (decoding: bf16 on a GPU with bf16 "
-                           "and, for models of d_model >= 256, on a CPU with native bf16; "
-                           "fp32 elsewhere; the choice is logged).")(fn)
-    fn = click.option("--device", default="auto", show_default=True,
-                      help="cpu, cuda, cuda:N or auto (a GPU when there is one; under torchrun "
-                           "cuda:LOCAL_RANK).")(fn)
-    return fn
+def runtime_options(command: str) -> Callable[[F], F]:
+    """--device, --precision and --threads (the commands that run a model), then -v/-q, with
+    help written for ``command``: "train", "generate" or "serve"."""
+    if command not in ("train", "generate", "serve"):
+        raise ValueError(f"runtime_options: unknown command {command!r}")
+    if command == "train":
+        precision = ("fp32, or bf16/fp16: mixed precision on a GPU (weights and optimizer "
+                     "state stay fp32). int8 and auto are decoding settings, refused here.")
+        device = ("cpu, cuda, cuda:N or auto (a GPU when there is one; under torchrun each "
+                  "rank takes cuda:LOCAL_RANK).")
+    else:
+        what = "decoding" if command == "generate" else "serving"
+        precision = (f"fp32; bf16/fp16 (on a GPU; bf16 also on a CPU with native bf16, e.g. "
+                     f"AVX512-BF16/AMX); int8 (on a CPU: linear layers dynamically quantized "
+                     f"to int8); or auto: bf16 on a GPU with bf16 and, for models of d_model "
+                     f">= 256, on a CPU with native bf16, fp32 elsewhere (the choice is "
+                     f"logged). With --engine ctranslate2, the weight type {what} uses.")
+        device = ("cpu, cuda, cuda:N or auto (a GPU when there is one" +
+                  ("; under torchrun each rank takes cuda:LOCAL_RANK)." if command == "generate"
+                   else ")."))
+
+    def add(fn: F) -> F:
+        fn = log_options(fn)
+        fn = click.option("--threads", type=int, default=None,
+                          help="CPU threads (for PyTorch, or CTranslate2 with --engine "
+                               "ctranslate2)." if command != "train"
+                          else "CPU threads for PyTorch (torch.set_num_threads).")(fn)
+        fn = click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
+                          show_default=True, help=precision)(fn)
+        return click.option("--device", default="auto", show_default=True, help=device)(fn)
+
+    return add
 
 
 __all__ = ["config_options", "build_config", "log_options", "runtime_options"]

@@ -15,7 +15,7 @@ from nmt.serve.config import ServeConfig
                                  "max_content_width": 100})
 @click.argument("checkpoints", nargs=-1, type=click.Path(), metavar="CHECKPOINT...")
 @config_options(ServeConfig)
-@runtime_options
+@runtime_options("serve")
 @handle_errors("nmt-serve")
 def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     """Serve CHECKPOINT (several: several models, each named by its file's stem, or

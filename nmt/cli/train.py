@@ -76,7 +76,7 @@ def _training_options_given(names: set[str]) -> list[str]:
               help="Averaging mode: INPUTS are checkpoints; write their mean to --output and "
                    "print its path. No training.")
 @click.option("--output", type=click.Path(), help="Output checkpoint of --average.")
-@runtime_options
+@runtime_options("train")
 @handle_errors("nmt-train")
 def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device, precision,
          threads, verbose, quiet, **options):
