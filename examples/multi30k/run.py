@@ -54,7 +54,7 @@ EXPECTED = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainingRecipe:
     """One training recipe: what differs between M30K-small and the converging run."""
 
@@ -91,11 +91,13 @@ class TrainingRecipe:
 
 
 RECIPES = {
-    "small": TrainingRecipe("transformer_small", (), 1000, 4000, 1.0, ("--keep-last", "1"), False),
+    "small": TrainingRecipe(arch="transformer_small", overrides=(), max_update=1000, warmup=4000,
+                            lr_scale=1.0, extra=("--keep-last", "1"), average=False),
     # Why these values: examples/multi30k/README.md, "The converging recipe".
-    "converge": TrainingRecipe("transformer_small", ("dropout=0.3",), 3000, 1000, 1.5,
-                        ("--save-interval-updates", "250", "--keep-last", "6",
-                         "--average-last", "5", "--valid-bleu"), True),
+    "converge": TrainingRecipe(
+        arch="transformer_small", overrides=("dropout=0.3",), max_update=3000, warmup=1000,
+        lr_scale=1.5, extra=("--save-interval-updates", "250", "--keep-last", "6",
+                             "--average-last", "5", "--valid-bleu"), average=True),
     # Wu et al. 2021's text-only Transformer-tiny on nmt: 4+4 layers, d_model 128, FFN 256,
     # 4 heads, dropout 0.3, peak learning rate 0.005 after 2,000 warm-up updates (eq. 5 peaks
     # at 128^-0.5 * 2000^-0.5 = 0.001976, x2.53), 8,000 updates of 4,096 tokens (theirs: of
@@ -103,11 +105,14 @@ RECIPES = {
     # the last 10 checkpoints averaged.
     # Why: examples/multi30k/README.md, "The literature recipe".
     "literature": TrainingRecipe(
-        "transformer_tiny", ("encoder_layers=4", "decoder_layers=4", "d_model=128", "d_ff=256",
-                             "heads=4", "dropout=0.3"), 8000, 2000, 2.53,
-        ("--save-interval-updates", "200", "--keep-last", "12", "--average-last", "10",
-         "--valid-bleu", "--validate-interval-updates", "1000"), True, vocab=10000,
-        average_n=10, tune=tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5))),
+        arch="transformer_tiny", overrides=("encoder_layers=4", "decoder_layers=4",
+                                            "d_model=128", "d_ff=256", "heads=4",
+                                            "dropout=0.3"),
+        max_update=8000, warmup=2000, lr_scale=2.53,
+        extra=("--save-interval-updates", "200", "--keep-last", "12", "--average-last", "10",
+               "--valid-bleu", "--validate-interval-updates", "1000"),
+        average=True, vocab=10000, average_n=10,
+        tune=tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5))),
     # transformer_base's size (d_model 512, 6+6 layers, 8 heads, FFN 2048) on Multi30k, sized
     # for a 2-core CPU, where an update of 2,500 tokens takes ~5 s: 600 updates (~4 epochs),
     # eq. 5 peaking at 0.001 after 200 updates (x0.32), the paper's dropout 0.1, and the layer
@@ -116,9 +121,10 @@ RECIPES = {
     # 6.08 -> 6.91 at 400). It is the model of the transformer_base decoding benchmark against
     # CTranslate2 (BENCHMARKS.md), not a quality recipe: converge and literature are better
     # on this small corpus.
-    "base": TrainingRecipe("transformer_base", ("pre_norm=true", "dropout=0.1"), 600, 200,
-                           0.32, ("--save-interval-updates", "100", "--keep-last", "2"),
-                           False, max_tokens=2500),
+    "base": TrainingRecipe(arch="transformer_base", overrides=("pre_norm=true", "dropout=0.1"),
+                           max_update=600, warmup=200, lr_scale=0.32,
+                           extra=("--save-interval-updates", "100", "--keep-last", "2"),
+                           average=False, max_tokens=2500),
 }
 # The literature grid with alpha 2.0 added, for the variants below.
 WIDE_TUNE = tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5, 2.0))
