@@ -99,7 +99,6 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
                          f"unset): use cfg.resolve(model_config)")
     device = src_tokens.device
     bsz, k = src_tokens.size(0), cfg.beam
-    alpha, formula = cfg.lenpen, cfg.formula
     src_lengths = src_tokens.ne(PAD).sum(1) - 1                     # [B] without eos
     max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
     if greedy.applies(cfg, constraints):        # beam 1 stopping at the first eos
@@ -111,62 +110,141 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     state = model.init_state(model.encode(src_tokens), group=1)
     constraints = combine(DecodingControls.from_search(cfg), constraints)
     cstate = None if constraints is None else constraints.start(src_tokens, k, max_len)
-    # Per running sentence (N of them; sentence-major rows):
-    sent = torch.arange(bsz, device=device)                         # [N] index in the batch
-    tokens = torch.full((bsz * k, n_steps + 1), PAD, dtype=torch.long, device=device)
-    tokens[:, 0] = model.start_token                                # [N*K, 1 + steps]
-    tok_scores = torch.zeros(bsz * k, n_steps, device=device)       # [N*K, steps]
-    scores = torch.full((bsz, k), NEG_INF, device=device)           # [N, K] log P(prefix)
-    scores[:, ::k // cfg.diverse_beam_groups] = 0.0  # one live row per sentence (or group)
-    n_fin = torch.zeros(bsz, dtype=torch.long, device=device)       # [N] finished so far
-    kth_best = torch.full((bsz,), NEG_INF, device=device)           # [N] nbest-th best score
-    worst_kept = torch.full((bsz,), NEG_INF, device=device)         # [N] beam-th best (hf)
+    run = _Running.start(bsz, k, n_steps, max_len, cfg.diverse_beam_groups, model.start_token,
+                         device)
     finished: list[list[tuple[float, list[int], list[float]]]] = [[] for _ in range(bsz)]
+    penalty = (cfg.lenpen, cfg.formula)
 
     for step in range(n_steps):
-        n = sent.numel()
-        probs, state = _decoder_step(model, tokens, state, step, k)    # [N*K, V]
+        n = run.sent.numel()
+        probs, state = _decoder_step(model, run.tokens, state, step, k)    # [N*K, V]
         vocab = probs.size(1)
-        restrict(probs, step, max_len, k, cstate, forced_eos_p=1.0 if formula == "hf" else None)
+        restrict(probs, step, run.max_len, k, cstate,
+                 forced_eos_p=1.0 if cfg.formula == "hf" else None)
 
-        c_scores, c_beams, c_tokens, c_lprobs, fin, pos, alive = _candidates(
-            probs.view(n, k, vocab), scores, cfg, cstate)              # each [N, C] or [N, K]
-
-        if bool(fin.any()):
-            _collect_finished(finished, fin, sent, c_scores, c_beams, c_lprobs, tokens,
-                              tok_scores, step, k, (alpha, formula), n_fin,
-                              {cfg.nbest: kth_best, k: worst_kept})
+        cands = _candidates(probs.view(n, k, vocab), run.scores, cfg, cstate)
+        if bool(cands.fin.any()):
+            run.collect_finished(finished, cands, step, penalty, cfg.nbest)
 
         # The next beam: [N, K] each.
-        new_beams, new_tokens, new_lprobs, new_scores = (
-            c.gather(1, pos) for c in (c_beams, c_tokens, c_lprobs, c_scores))
-        new_scores = new_scores.masked_fill(~alive, NEG_INF)
-
-        done = _sentences_done(new_scores, alive, max_len, step, n_fin, (kth_best, worst_kept),
-                               k, cfg.nbest, (alpha, formula), cfg.unkpen < 0)  # [N]
-        rows = (torch.arange(n, device=device) * k).unsqueeze(1) + new_beams   # [N, K] old rows
+        nxt = _Beam(*(c.gather(1, cands.pos) for c in (cands.beams, cands.tokens,
+                                                       cands.lprobs, cands.scores)))
+        nxt.scores = nxt.scores.masked_fill(~cands.alive, NEG_INF)
+        done = _sentences_done(nxt.scores, cands.alive, run, step, k, cfg.nbest, penalty,
+                               cfg.unkpen < 0)                                       # [N]
+        rows = (torch.arange(n, device=device) * k).unsqueeze(1) + nxt.beams   # [N, K] old rows
         if bool(done.any()):
             if bool(done.all()):
                 break
             keep = (~done).nonzero().squeeze(1)                        # [N']
-            (rows, new_beams, new_tokens, new_lprobs, new_scores, sent, max_len, n_fin, kth_best,
-             worst_kept) = (t[keep] for t in (rows, new_beams, new_tokens, new_lprobs, new_scores,
-                                              sent, max_len, n_fin, kth_best, worst_kept))
+            rows, nxt = rows[keep], nxt.select(keep)
+            run.select_sentences(keep)
             state = state.select_sentences(keep)
-            local = (torch.arange(keep.numel(), device=device) * k).unsqueeze(1) + new_beams
+            local = (torch.arange(keep.numel(), device=device) * k).unsqueeze(1) + nxt.beams
         else:
             local = rows
         state = state.reorder(local.reshape(-1))
         flat = rows.reshape(-1)
-        tokens = tokens.index_select(0, flat)
-        tok_scores = tok_scores.index_select(0, flat)
-        tokens[:, step + 1] = new_tokens.reshape(-1)
-        tok_scores[:, step] = new_lprobs.reshape(-1)
-        scores = new_scores
+        run.extend(flat, nxt, step)
         if cstate is not None:
-            cstate = cstate.advance(flat, tokens[:, step + 1])
+            cstate = cstate.advance(flat, run.tokens[:, step + 1])
 
     return _best_hypotheses(finished, cfg.nbest)
+
+
+@dataclass
+class _Candidates:
+    """A step's candidates per running sentence, [N, C] each (scores, the beam each extends,
+    its token, the token's log-probability), which of them end with eos (``fin``), the
+    candidate positions of the next beam (``pos``, [N, K]) and whether each of its rows is
+    alive ([N, K]); nmt.search.beam."""
+    scores: Tensor
+    beams: Tensor
+    tokens: Tensor
+    lprobs: Tensor
+    fin: Tensor
+    pos: Tensor
+    alive: Tensor
+
+
+@dataclass
+class _Beam:
+    """The next beam, [N, K] each: the row of the current beam each extends, its new token,
+    the token's log-probability, the prefix's log-probability."""
+    beams: Tensor
+    tokens: Tensor
+    lprobs: Tensor
+    scores: Tensor
+
+    def select(self, keep: Tensor) -> "_Beam":
+        return _Beam(self.beams[keep], self.tokens[keep], self.lprobs[keep], self.scores[keep])
+
+
+@dataclass
+class _Running:
+    """What the search keeps between steps for the N sentences still running (K rows each,
+    sentence-major)."""
+    sent: Tensor          # [N] index in the batch
+    max_len: Tensor       # [N] most tokens before eos
+    n_fin: Tensor         # [N] finished hypotheses so far
+    kth_best: Tensor      # [N] the nbest-th best finished score
+    worst_kept: Tensor    # [N] the beam-th best finished score (the hf rule)
+    scores: Tensor        # [N, K] log P(prefix) of each row
+    tokens: Tensor        # [N*K, 1 + steps] bos, then the tokens so far
+    tok_scores: Tensor    # [N*K, steps] the log-probability of each
+
+    @classmethod
+    def start(cls, bsz: int, k: int, n_steps: int, max_len: Tensor, groups: int,
+              start_token: int, device) -> "_Running":
+        tokens = torch.full((bsz * k, n_steps + 1), PAD, dtype=torch.long, device=device)
+        tokens[:, 0] = start_token
+        scores = torch.full((bsz, k), NEG_INF, device=device)
+        scores[:, ::k // groups] = 0.0      # one live row per sentence (or diverse group)
+        return cls(sent=torch.arange(bsz, device=device), max_len=max_len,
+                   n_fin=torch.zeros(bsz, dtype=torch.long, device=device),
+                   kth_best=torch.full((bsz,), NEG_INF, device=device),
+                   worst_kept=torch.full((bsz,), NEG_INF, device=device),
+                   scores=scores, tokens=tokens,
+                   tok_scores=torch.zeros(bsz * k, n_steps, device=device))
+
+    def select_sentences(self, keep: Tensor) -> None:
+        """Keep the sentences ``keep`` [N'] (their rows follow in extend())."""
+        self.sent, self.max_len, self.n_fin = self.sent[keep], self.max_len[keep], self.n_fin[keep]
+        self.kth_best, self.worst_kept = self.kth_best[keep], self.worst_kept[keep]
+
+    def extend(self, rows: Tensor, nxt: _Beam, step: int) -> None:
+        """The rows of the next beam: old row ``rows[i]`` extended with its token."""
+        self.tokens = self.tokens.index_select(0, rows)
+        self.tok_scores = self.tok_scores.index_select(0, rows)
+        self.tokens[:, step + 1] = nxt.tokens.reshape(-1)
+        self.tok_scores[:, step] = nxt.lprobs.reshape(-1)
+        self.scores = nxt.scores
+
+    def collect_finished(self, finished, cands: _Candidates, step: int,
+                         penalty: tuple[float, str], nbest: int) -> None:
+        """Store the eos candidates ``cands.fin`` [N, <=K] as finished hypotheses of length
+        step + 1, scored with ``penalty`` (alpha, formula); update ``n_fin``, ``kth_best``
+        and ``worst_kept``. Gathers everything with tensor ops and crosses into Python once
+        per step."""
+        k = self.scores.size(1)
+        fi, fj = cands.fin.nonzero(as_tuple=True)                        # [F] each
+        rows = fi * k + cands.beams[fi, fj]                              # [F] rows they extend
+        norm = cands.scores[fi, fj] / length_penalty(step + 1, *penalty)  # [F] |Y| = step + 1
+        prefix = self.tokens[rows, 1:step + 1].tolist()
+        prefix_scores = self.tok_scores[rows, :step].tolist()
+        eos_lp = cands.lprobs[fi, fj].tolist()
+        sent_ids = self.sent.tolist()
+        touched = set()
+        for i, s, toks, ts, e in zip(fi.tolist(), norm.tolist(), prefix, prefix_scores, eos_lp):
+            finished[sent_ids[i]].append((s, toks + [EOS], ts + [e]))
+            touched.add(i)
+        ranked = {nbest: self.kth_best, k: self.worst_kept}
+        for i in touched:
+            lst = finished[sent_ids[i]]
+            self.n_fin[i] = len(lst)
+            for n, best in ranked.items():
+                if len(lst) >= n:
+                    best[i] = sorted((h[0] for h in lst), reverse=True)[n - 1]
 
 
 def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig, cstate=None):
@@ -181,32 +259,32 @@ def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig, cstate=None):
         if cfg.diverse_beam_groups > 1:
             raise UsageError("diverse beam groups cannot choose their candidates where the "
                              "constraints choose them (lexical constraints)")
-        return select(probs, scores)
+        return _Candidates(*select(probs, scores))
     if cfg.diverse_beam_groups > 1:
-        return diverse_candidates(probs, scores, cfg.diverse_beam_groups,
-                                  cfg.diverse_beam_strength, EOS)
+        return _Candidates(*diverse_candidates(probs, scores, cfg.diverse_beam_groups,
+                                               cfg.diverse_beam_strength, EOS))
     c_scores, c_beams, c_tokens, c_lprobs = beam_candidates(probs, scores, 2 * k)
-    return (c_scores, c_beams, c_tokens, c_lprobs,
-            *split_candidates(c_scores, c_tokens, EOS, k))
+    return _Candidates(c_scores, c_beams, c_tokens, c_lprobs,
+                       *split_candidates(c_scores, c_tokens, EOS, k))
 
 
-def _sentences_done(new_scores: Tensor, alive: Tensor, max_len: Tensor, step: int,
-                    n_fin: Tensor, bests: tuple[Tensor, Tensor], k: int, nbest: int,
-                    penalty: tuple[float, str], can_rise: bool = False) -> Tensor:
+def _sentences_done(new_scores: Tensor, alive: Tensor, run: _Running, step: int, k: int,
+                    nbest: int, penalty: tuple[float, str], can_rise: bool = False) -> Tensor:
     """[N] True where a sentence's search is over: enough finished (with the hf rule, and no
     live hypothesis beats the beam-th best finished at its length, |Y| = step + 1, as
     transformers decides), or none of the live ones can win any more, or none is live.
-    ``bests``: the nbest-th and the beam-th best finished scores, [N] each. ``can_rise``: a
-    negative unkpen multiplies <unk>'s probability by more than 1, so a live score may still
-    grow and no bound holds: only enough finished hypotheses, or none live, end it."""
-    (alpha, formula), (kth_best, worst_kept) = penalty, bests
+    ``run`` holds the finished counts and the nbest-th and beam-th best finished scores.
+    ``can_rise``: a negative unkpen multiplies <unk>'s probability by more than 1, so a live
+    score may still grow and no bound holds: only enough finished hypotheses, or none live,
+    end it."""
+    alpha, formula = penalty
     # The best live score: the first row's, as rows are sorted, except with diverse groups.
     best_live = new_scores.amax(dim=1)                                           # [N]
-    bound = best_possible_score(best_live, max_len + 1, alpha, formula)          # [N]
-    enough = n_fin >= k
+    bound = best_possible_score(best_live, run.max_len + 1, alpha, formula)      # [N]
+    enough = run.n_fin >= k
     if formula == "hf":
-        enough &= best_live / length_penalty(step + 1, alpha, formula) <= worst_kept
-    beaten = (n_fin >= nbest) & (bound <= kth_best) & (not can_rise)
+        enough &= best_live / length_penalty(step + 1, alpha, formula) <= run.worst_kept
+    beaten = (run.n_fin >= nbest) & (bound <= run.kth_best) & (not can_rise)
     return enough | beaten | ~alive.any(dim=1)
 
 
@@ -250,36 +328,6 @@ def restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
         eos_p = model_eos[rows].clamp(min=1e-30) if forced_eos_p is None else forced_eos_p
         probs[rows] = 0.0
         probs[rows, EOS] = eos_p
-
-
-def _collect_finished(finished, fin: Tensor, sent: Tensor, c_scores: Tensor, c_beams: Tensor,
-                      c_lprobs: Tensor, tokens: Tensor, tok_scores: Tensor, step: int, k: int,
-                      penalty: tuple[float, str], n_fin: Tensor, ranked: dict[int, Tensor]
-                      ) -> None:
-    """Store the eos candidates ``fin`` [N, <=K] as finished hypotheses of length step + 1,
-    scored with ``penalty`` (alpha, formula).
-
-    Gathers everything with tensor ops and crosses into Python once per step; updates in place
-    the per-sentence counts ``n_fin`` and, for each ``n`` of ``ranked``, the n-th best finished
-    scores ``ranked[n]`` [N].
-    """
-    fi, fj = fin.nonzero(as_tuple=True)                              # [F] each
-    rows = fi * k + c_beams[fi, fj]                                  # [F] rows they extend
-    norm = c_scores[fi, fj] / length_penalty(step + 1, *penalty)    # [F] |Y| = step + 1
-    prefix = tokens[rows, 1:step + 1].tolist()
-    prefix_scores = tok_scores[rows, :step].tolist()
-    eos_lp = c_lprobs[fi, fj].tolist()
-    sent_ids = sent.tolist()
-    touched = set()
-    for i, s, toks, ts, e in zip(fi.tolist(), norm.tolist(), prefix, prefix_scores, eos_lp):
-        finished[sent_ids[i]].append((s, toks + [EOS], ts + [e]))
-        touched.add(i)
-    for i in touched:
-        lst = finished[sent_ids[i]]
-        n_fin[i] = len(lst)
-        for n, best in ranked.items():
-            if len(lst) >= n:
-                best[i] = sorted((h[0] for h in lst), reverse=True)[n - 1]
 
 
 __all__ = ["SearchConfig", "Hypothesis", "beam_search", "max_lengths"]
