@@ -7,7 +7,7 @@
 One random-weight MarianMTModel with OPUS-MT en-de's configuration (6+6 layers, d_model 512,
 8 heads, FFN 2048, swish, scaled embeddings, 58,101 pieces, one embedding matrix tied to the
 output) is built here with transformers and saved as OPUS-MT ships it; the very same weights
-go to nmt (nmt-import huggingface: nmt.importers.huggingface) and to CTranslate2 (nmt-export
+go to nmt (nmt-import huggingface: nmt.interop.hf_import) and to CTranslate2 (nmt-export
 --format ctranslate2 of that checkpoint, float32 and int8). The three engines then translate
 the same source sentences (random pieces, Multi30k's lengths, fed as ids: tokenization is
 outside the timing) to the same fixed length:
@@ -136,8 +136,8 @@ def pieces_of(proto: bytes, v: int) -> list[str]:
 def prepare(work: Path, size: dict, n: int, seed: int) -> dict:
     """The Marian directory, the nmt checkpoint, the CTranslate2 directories and the sources
     (lists of pieces), all under ``work``; returns their paths."""
-    from nmt.export import export_model
-    from nmt.importers.huggingface import import_huggingface
+    from nmt.interop.ctranslate2 import export_model
+    from nmt.interop.hf_import import import_huggingface
 
     hf_dir = work / "marian"
     hf_dir.mkdir(parents=True, exist_ok=True)

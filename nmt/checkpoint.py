@@ -31,7 +31,14 @@ from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.io import atomic_write, check_readable
 
-FORMAT_VERSION = 1
+# The version of the format that make_checkpoint writes. A file of an older version is brought
+# up to this one when it is read (upgrade(), one step per version), so that the rest of the
+# code sees only the current format:
+#   1: the first format.
+#   2: "task" and "src_vocab_size"/"tgt_vocab_size" always recorded; a training
+#      checkpoint's progress always holds the checkpoint selection ("selection"), which
+#      version-1 files written before it existed lack ("best_loss" stood for it).
+FORMAT_VERSION = 2
 
 # Keys every checkpoint (training, averaged or inference) must carry.
 REQUIRED_KEYS = ("format_version", "model_config", "share_all_embeddings", "src_codec",
@@ -161,9 +168,9 @@ def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
     if "format_version" not in ckpt:
         raise NmtError(f"{name}: not an nmt checkpoint (no format_version)")
     version = ckpt["format_version"]
-    if version != FORMAT_VERSION:
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
         raise NmtError(f"{name}: unsupported checkpoint format_version {version!r} "
-                       f"(this nmt reads version {FORMAT_VERSION})")
+                       f"(this nmt reads versions 1 to {FORMAT_VERSION})")
     missing = [k for k in REQUIRED_KEYS if k not in ckpt]
     if missing:
         raise NmtError(f"{name}: incomplete checkpoint, missing {', '.join(missing)}")
@@ -177,6 +184,35 @@ def validate_checkpoint(ckpt: Any, name: str = "checkpoint") -> None:
     from nmt.checkpoint_shapes import check_weights
 
     check_weights(ckpt, name)
+    upgrade(ckpt, name)
+
+
+def upgrade(ckpt: dict, name: str = "checkpoint") -> dict:
+    """Bring ``ckpt`` (a checkpoint dictionary of any version this nmt reads, with the
+    required keys) up to FORMAT_VERSION, in place, one version at a time; return it.
+    validate_checkpoint (and so every loader) calls it."""
+    while ckpt["format_version"] < FORMAT_VERSION:
+        _UPGRADES[ckpt["format_version"]](ckpt, name)
+        ckpt["format_version"] += 1
+    return ckpt
+
+
+def _version_1_to_2(ckpt: dict, name: str) -> None:
+    from nmt.tasks.task import recorded_task
+
+    if ckpt.get("task") is None or "src_vocab_size" not in ckpt or "tgt_vocab_size" not in ckpt:
+        src, tgt = codecs_from_checkpoint(ckpt, name)
+        ckpt.setdefault("src_vocab_size", len(src.dictionary))
+        ckpt.setdefault("tgt_vocab_size", len(tgt.dictionary))
+        ckpt["task"] = recorded_task(ckpt.get("task"), name, tgt.dictionary).name
+    progress = ckpt.get("progress")
+    if isinstance(progress, dict) and progress.get("selection") is None:
+        best = progress.get("best_loss")
+        progress["selection"] = {"metric": "loss", "best": None if best is None else float(best),
+                                 "best_update": None, "bad_in_a_row": 0, "scores": []}
+
+
+_UPGRADES = {1: _version_1_to_2}
 
 
 def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torch.Tensor],
@@ -219,15 +255,11 @@ def make_checkpoint(*, model_config: ModelConfig, model_state: Mapping[str, torc
     return ckpt
 
 
-def checkpoint_task(ckpt: Mapping[str, Any], name: str = "checkpoint", tgt_codec=None):
-    """The nmt.tasks.task.Task a checkpoint records, or the one inferred from its target
-    vocabulary (checkpoints written before tasks were recorded)."""
-    from nmt.tasks.task import recorded_task
+def checkpoint_task(ckpt: Mapping[str, Any], name: str = "checkpoint"):
+    """The nmt.tasks.task.Task a (loaded, so current-format) checkpoint records."""
+    from nmt.tasks.task import get_recorded_task
 
-    if ckpt.get("task") is None and tgt_codec is None:
-        tgt_codec = codecs_from_checkpoint(ckpt, name)[1]
-    return recorded_task(ckpt.get("task"), name,
-                         tgt_codec.dictionary if tgt_codec is not None else None)
+    return get_recorded_task(ckpt["task"], name)
 
 
 def _inferred_task(codec) -> str:
@@ -266,13 +298,8 @@ def codecs_from_checkpoint(ckpt: Mapping[str, Any], name: str = "checkpoint"):
 
 
 def vocab_sizes(ckpt: Mapping[str, Any]) -> tuple[int, int]:
-    """(source, target) vocabulary sizes, from the checkpoint or, failing that, its codecs."""
-    if "src_vocab_size" in ckpt and "tgt_vocab_size" in ckpt:
-        return int(ckpt["src_vocab_size"]), int(ckpt["tgt_vocab_size"])
-    from nmt.data.codec import TextCodec  # late: needs sentencepiece etc.
-
-    return (len(TextCodec.from_state(ckpt["src_codec"]).dictionary),
-            len(TextCodec.from_state(ckpt["tgt_codec"]).dictionary))
+    """(source, target) vocabulary sizes of a loaded checkpoint."""
+    return int(ckpt["src_vocab_size"]), int(ckpt["tgt_vocab_size"])
 
 
 def model_config(ckpt: Mapping[str, Any]) -> ModelConfig:

@@ -195,3 +195,37 @@ def test_weights_that_do_not_fit_the_config(tmp_path):
     p = save_checkpoint(ck, tmp_path / "c.pt")
     with pytest.raises(NmtError, match="do not match"):
         load_model_from_checkpoint(p)
+
+
+def test_a_version_1_checkpoint_is_upgraded_as_it_loads(tmp_path):
+    """Files of format 1 written before the task, the vocabulary sizes and the checkpoint
+    selection were recorded load as the current format, with each filled in as version 1
+    meant it: the task inferred from the target vocabulary, the sizes from the codecs, the
+    selection from 'best_loss'."""
+    from nmt.checkpoint import FORMAT_VERSION
+
+    ck = make_ckpt(3)
+    old = {k: v for k, v in ck.items() if k not in ("task", "src_vocab_size", "tgt_vocab_size")}
+    old["format_version"] = 1
+    old["progress"] = {"update": 3, "best_loss": 4.25}
+    save_checkpoint(old, tmp_path / "v1.pt")
+    loaded = load_checkpoint(tmp_path / "v1.pt")
+    assert loaded["format_version"] == FORMAT_VERSION == 2
+    assert loaded["task"] == "translation"
+    assert (loaded["src_vocab_size"], loaded["tgt_vocab_size"]) == (
+        ck["src_vocab_size"], ck["tgt_vocab_size"])
+    assert loaded["progress"]["selection"] == {"metric": "loss", "best": 4.25,
+                                               "best_update": None, "bad_in_a_row": 0,
+                                               "scores": []}
+    from nmt.training.selection import Selection
+
+    sel = Selection("loss")
+    sel.load_state_dict(loaded["progress"]["selection"])
+    assert sel.best == 4.25 and not sel.observe(5, 4.5) and sel.observe(6, 4.0)
+    # the model it describes is the same
+    model, _ = load_model_from_checkpoint(tmp_path / "v1.pt")
+    assert all(torch.equal(v, ck["model"][k]) for k, v in model.state_dict().items())
+    # a version this nmt does not know is refused in one line
+    save_checkpoint({**ck, "format_version": 3}, tmp_path / "v3.pt")
+    with pytest.raises(NmtError, match="format_version 3 .this nmt reads versions 1 to 2"):
+        load_checkpoint(tmp_path / "v3.pt")

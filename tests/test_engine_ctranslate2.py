@@ -131,12 +131,12 @@ def test_converted_once_cached_beside_and_renewed_when_the_checkpoint_changes(
     assert first.parent == ckpt.parent / engine.CACHE_NAME and entries(ckpt) == [first.name]
     assert (first / "model.bin").is_file() and (first / engine.META).is_file()
 
-    import nmt.export
+    import nmt.interop.ctranslate2
 
     def no_export(*a, **k):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(nmt.export, "export_model", no_export)
+    monkeypatch.setattr(nmt.interop.ctranslate2, "export_model", no_export)
     assert engine.converted_model(ckpt) == first          # found, not converted
     monkeypatch.undo()
 

@@ -33,7 +33,7 @@ from nmt.data.dictionary import Dictionary
 from nmt.data.resources import quickstart_dir
 from nmt.data.subword import train_wordpiece
 from nmt.errors import NmtError
-from nmt.export import SNIPPET_BEGIN, SNIPPET_END, export_model
+from nmt.interop.ctranslate2 import SNIPPET_BEGIN, SNIPPET_END, export_model
 from nmt.registry import get_arch
 from nmt.search.config import SearchConfig
 from nmt.search.translator import Translator
@@ -316,6 +316,19 @@ def test_a_parsing_model_is_refused(tmp_path):
         export_model(ckpt, tmp_path / "ct2")
 
 
+@needs_ct2
+def test_every_unsupported_setting_is_named_in_the_one_refusal(tmp_path):
+    """Two settings CTranslate2 cannot run as nmt does: one line names both, not the first."""
+    ckpt = {**random_checkpoint({"d_k": "8", "d_v": "16"}), "task": "parsing"}
+    with pytest.raises(NmtError) as e:
+        export_model(ckpt, tmp_path / "ct2")
+    message = str(e.value)
+    assert "\n" not in message and message.count("cannot export to CTranslate2") == 1
+    assert "keys of 8 and values of 16 dimensions per head" in message
+    assert "; it is a parsing model" in message
+    assert not (tmp_path / "ct2").exists()
+
+
 # --- the command ------------------------------------------------------------------------------
 
 @pytest.fixture()
@@ -403,8 +416,8 @@ def test_without_ctranslate2_one_line_says_how_to_install_it(ckpt_file, tmp_path
 
 
 def test_nmt_never_imports_ctranslate2():
-    code = ("import sys, nmt, nmt.export, nmt.cli.export, nmt.cli.generate, nmt.cli.train, "
-            "nmt.search.translator; print('ctranslate2' in sys.modules)")
+    code = ("import sys, nmt, nmt.interop.ctranslate2, nmt.cli.export, nmt.cli.generate, "
+            "nmt.cli.train, nmt.search.translator; print('ctranslate2' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

@@ -128,7 +128,7 @@ def test_crafted_pickle_is_refused_not_run(tmp_path, zipped):
 def edited_checkpoint(tmp_path: Path, **changes) -> Path:
     """A copy of a fixture checkpoint with its model args changed (saved the way fairseq
     saves them, as an argparse.Namespace)."""
-    from nmt.importers.safe_pickle import load_foreign, plain
+    from nmt.interop.safe_pickle import load_foreign, plain
 
     ckpt = plain(load_foreign(FIXTURES / "postnorm_shared" / "checkpoint_last.pt", "fixture"))
     args = ckpt["cfg"]["model"]
@@ -152,6 +152,20 @@ def test_unsupported_model_is_refused(tmp_path, changes, named):
                            + ["-o", str(tmp_path / "m.pt")])
     assert r.exit_code == 1
     assert r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_every_unsupported_option_is_named_in_the_one_line(tmp_path):
+    ckpt = edited_checkpoint(tmp_path, adaptive_softmax_cutoff="50,100",
+                             cross_self_attention=True, activation_fn="gelu_accurate")
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+                           + ["-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.count("cannot import this fairseq model") == 1
+    for named in ("adaptive softmax (adaptive_softmax_cutoff)",
+                  "cross+self attention (cross_self_attention)",
+                  "the gelu_accurate activation (activation_fn=gelu_accurate)"):
+        assert named in r.stderr, r.stderr
     assert not (tmp_path / "m.pt").exists()
 
 
@@ -195,7 +209,7 @@ def test_old_checkpoint_layout_imports_the_same_weights(tmp_path, imported):
     attention projections; see old_style: written by this test): the same nmt weights as the
     0.12 layout of the same model."""
     from nmt.checkpoint import load_checkpoint
-    from nmt.importers.safe_pickle import load_foreign, plain
+    from nmt.interop.safe_pickle import load_foreign, plain
 
     fix = FIXTURES / "postnorm_shared"
     new = plain(load_foreign(fix / "checkpoint_last.pt", "fixture"))
@@ -272,7 +286,7 @@ def test_omegaconf_configuration_reads_as_plain_data():
     """A cfg saved as an omegaconf DictConfig (made by omegaconf 2.0 in make_fixtures.py)
     reads, through inert stand-ins, as the same plain arguments as the Namespace it came
     from."""
-    from nmt.importers.fairseq import read_checkpoint
+    from nmt.interop.fairseq import read_checkpoint
 
     args, state = read_checkpoint(FIXTURES / "omegaconf_cfg.pt")
     ref, _ = read_checkpoint(FIXTURES / "postnorm_shared" / "checkpoint_last.pt")
@@ -289,7 +303,7 @@ def test_arguments_without_sizes_are_refused(tmp_path):
 def test_one_language_given_overrides_only_that_side(tmp_path):
     """-s alone (or -t alone) replaces that side of the pair the checkpoint or the data
     folder names; the other side still comes from there."""
-    from nmt.importers.fairseq import language_pair
+    from nmt.interop.fairseq import language_pair
 
     ckpt_args = {"source_lang": "en", "target_lang": "de"}
     assert language_pair(ckpt_args, tmp_path, "fr", None, None) == ("fr", "de")
@@ -303,7 +317,7 @@ def test_one_language_given_overrides_only_that_side(tmp_path):
 
 def test_overwrite_lines_that_repeat_a_symbol_are_refused_by_name(tmp_path):
     """fairseq's '#fairseq:overwrite' gives a word a second row; nmt says that is why."""
-    from nmt.importers.fairseq import load_dictionary
+    from nmt.interop.fairseq import load_dictionary
 
     path = tmp_path / "dict.en.txt"
     path.write_text("hello 5\nworld 3\nhello 1 #fairseq:overwrite\n", encoding="utf-8")
@@ -371,7 +385,7 @@ def test_the_output_never_replaces_an_input_and_bad_subword_files_are_named(tmp_
 def recorded_checkpoint(tmp_path: Path, **sections) -> Path:
     """A fixture checkpoint whose cfg records a text pipeline (cfg.tokenizer, cfg.bpe), as
     fairseq-train --tokenizer moses --bpe subword_nmt ... saves it."""
-    from nmt.importers.safe_pickle import load_foreign, plain
+    from nmt.interop.safe_pickle import load_foreign, plain
 
     ckpt = plain(load_foreign(FIXTURES / "postnorm_shared" / "checkpoint_last.pt", "fixture"))
     ckpt["cfg"]["model"] = argparse.Namespace(**ckpt["cfg"]["model"])
@@ -400,6 +414,16 @@ def test_a_recorded_text_pipeline_must_be_the_one_given(tmp_path, sections, extr
                            + [*extra, "-o", str(tmp_path / "m.pt")])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
     assert named in r.stderr and not (tmp_path / "m.pt").exists()
+
+
+def test_every_option_a_recorded_pipeline_needs_is_named_at_once(tmp_path):
+    ckpt = recorded_checkpoint(tmp_path, bpe={"_name": "sentencepiece"},
+                               tokenizer={"_name": "moses", "moses_no_escape": True})
+    r = CliRunner().invoke(import_main, import_args(FIXTURES / "postnorm_shared", ckpt=ckpt)
+                           + ["-o", str(tmp_path / "m.pt")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert ("records bpe=sentencepiece: give its model with --sentencepiece; "
+            "moses_no_escape=True: add --moses-no-escape") in r.stderr, r.stderr
 
 
 def test_the_recorded_pipeline_given_imports(tmp_path):

@@ -338,6 +338,10 @@ def test_a_crafted_pickle_is_refused_and_never_run(marian, tmp_path):
     ({"decoder_ffn_dim": 128}, "encoder_ffn_dim=64 differs from decoder_ffn_dim=128"),
     ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
     ({"decoder_start_token_id": 5}, "decoder_start_token_id 5"),
+    # all of it at once, as CTranslate2's converters name it, not the first alone
+    ({"activation_function": "gelu_new", "decoder_ffn_dim": 128, "dropout": "lots"},
+     ("encoder_ffn_dim=64 differs from decoder_ffn_dim=128", "; activation_function 'gelu_new'",
+      "; dropout is 'lots', not a probability")),
 ])
 def test_what_nmt_cannot_represent_is_refused_in_one_line(marian, tmp_path, change, named):
     from click.testing import CliRunner
@@ -353,9 +357,29 @@ def test_what_nmt_cannot_represent_is_refused_in_one_line(marian, tmp_path, chan
     r = CliRunner().invoke(main, ["huggingface", str(d), "-o", str(tmp_path / "x.pt")])
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1, r.stderr
-    assert lines[0].startswith("nmt-import: error: ") and "cannot import" in lines[0]
-    assert named in lines[0]
+    assert lines[0].startswith("nmt-import: error: ") and lines[0].count("cannot import") == 1
+    for part in [named] if isinstance(named, str) else named:
+        assert part in lines[0], lines[0]
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_export_names_everything_marian_cannot_express_at_once(tmp_path):
+    from nmt.interop.ctranslate2 import export_model
+
+    lines = sentences(random.Random(2), 200)
+    codec = TextCodec(train_wordpiece(lines, 60))
+    cfg = nmt.get_arch("transformer_tiny", {"pre_norm": True, "layer_norm_eps": "1e-6"})
+    model = nmt.build_model(cfg, len(codec.dictionary), len(codec.dictionary))
+    ckpt = make_checkpoint(model_config=cfg, model_state=model.state_dict(),
+                           share_all_embeddings=True, src_codec=codec, tgt_codec=codec)
+    with pytest.raises(nmt.NmtError) as e:
+        export_model(ckpt, tmp_path / "hf", format="huggingface")
+    message = str(e.value)
+    assert message.count("cannot export to huggingface (Marian)") == 1
+    for named in ("pre-norm layers", "LayerNorm epsilon 1e-06", "the source side's wordpiece",
+                  "the target side's wordpiece"):
+        assert named in message, message
+    assert not (tmp_path / "hf").exists()
 
 
 def test_export_refuses_what_marian_cannot_express(tmp_path):
@@ -394,7 +418,7 @@ def test_hf_extra_test_dependency_and_console_script_in_setup(monkeypatch):
 def test_a_half_precision_sinusoid_table_is_recognised(layout, offset, dtype):
     """Tables saved in float16/bfloat16 (a model saved in half precision) are the computed
     ones rounded: recognised as the same layout and offset as in float32."""
-    from nmt.importers.hf_positions import recognise_sinusoid
+    from nmt.interop.hf_positions import recognise_sinusoid
     from nmt.models.layers import sinusoid_table
 
     table = sinusoid_table(128, 32, offset, layout)
@@ -558,8 +582,8 @@ def test_rows_vocab_json_does_not_name_keep_their_share_of_probability(marian, t
 def test_min_len_goes_to_transformers_and_back():
     """An nmt preset's min_len is exported as transformers' min_length (start symbol
     counted) and imported back; min_new_tokens counts no start symbol."""
-    from nmt.export_hf import generation_config
-    from nmt.importers.huggingface import generation_preset
+    from nmt.interop.hf_export import generation_config
+    from nmt.interop.hf_import import generation_preset
     from nmt.specials import EOS, PAD
 
     specials = {PAD: PAD, EOS: EOS}
@@ -601,7 +625,7 @@ def test_an_imported_marian_models_ctranslate2_export_tokenizes_as_nmt(marian, i
     import importlib.util
 
     from nmt.checkpoint import codecs_from_checkpoint
-    from nmt.export import export_model
+    from nmt.interop.ctranslate2 import export_model
 
     out = export_model(str(imported), tmp_path / "ct2")
     spec = importlib.util.spec_from_file_location("exported", out / "translate.py")

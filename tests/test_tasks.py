@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nmt
-from nmt.checkpoint import checkpoint_task, make_checkpoint
+from nmt.checkpoint import checkpoint_task, make_checkpoint, upgrade
 from nmt.config import apply_overrides
 from nmt.data.codec import whitespace_codec
 from nmt.data.datadir import DataDir
@@ -86,9 +86,9 @@ def test_decoding_follows_the_recorded_task():
     # forced on as before (--tree-constraints)
     assert Translator.from_checkpoint(translation, tree_constraints=True).constraints is not None
     # a checkpoint written before tasks were recorded: inferred once, at load
-    old = {k: v for k, v in parsing.items() if k != "task"}
-    assert checkpoint_task(old).name == "parsing"
+    old = {k: v for k, v in parsing.items() if k != "task"} | {"format_version": 1}
     assert Translator.from_checkpoint(old).constraints is not None
+    assert checkpoint_task(upgrade(dict(old))).name == "parsing"
     plain = checkpoint([f"v{i}" for i in range(12)])
     assert plain["task"] == "translation" and Translator.from_checkpoint(plain).constraints is None
     with pytest.raises(NmtError, match="records an unknown task 'poetry'"):

@@ -21,7 +21,7 @@ import click
 from nmt.cli.common import Command, handle_errors, read_path_from_stdin, setup_logging
 from nmt.cli.options import log_options
 from nmt.errors import UsageError
-from nmt.export import FORMATS, QUANTIZATIONS, export_model
+from nmt.interop.ctranslate2 import FORMATS, QUANTIZATIONS, export_model
 from nmt.io import print_line
 
 # nmt-generate's --precision names of the weight types that CTranslate2 has.

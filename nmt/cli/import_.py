@@ -39,7 +39,7 @@ def huggingface(model_dir, out, verbose, quiet):
     config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json).
     The checkpoint decodes as transformers' generate() does (its num_beams, length_penalty,
     max_length); nmt-generate's options override any of them."""
-    from nmt.importers.huggingface import import_huggingface
+    from nmt.interop.hf_import import import_huggingface
 
     setup_logging(verbose, quiet)
     dest = import_huggingface(model_dir, out)
@@ -79,8 +79,8 @@ def fairseq(checkpoint, data, bpe_codes, sentencepiece, moses, moses_no_dash_spl
     cannot represent exactly is refused, naming it."""
     setup_logging(verbose, quiet)
     from nmt.checkpoint import load_model_from_checkpoint, save_checkpoint
-    from nmt.importers.common import check_output
-    from nmt.importers.fairseq import import_fairseq
+    from nmt.interop.common import check_output
+    from nmt.interop.fairseq import import_fairseq
 
     dest = check_output(output, (checkpoint, bpe_codes, sentencepiece),
                         reads={data: ("dict.*.txt", "train.*-*.*")})

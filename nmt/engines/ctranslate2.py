@@ -5,15 +5,15 @@
     t = CTranslate2Translator.from_checkpoint("checkpoint_best.pt", threads=4)
     t.translate(["A man is riding a bike ."])
 
-The checkpoint is converted once, with nmt-export's code (nmt.export), into a CTranslate2 model
-directory cached beside it: ``DIR/.nmt-ctranslate2/KEY/``, where KEY is a hash of the
-checkpoint's bytes, the ctranslate2 version and nmt's. The directory is built under a temporary
-name and renamed into place, under an exclusive lock (another process converting the same
-checkpoint waits for it); a checkpoint file that changes (checkpoint_last.pt during training)
-gets a new entry and the older entries of the same file are removed. Where the checkpoint's
-directory is not writable, the cache is ``$XDG_CACHE_HOME/nmt/ctranslate2`` (``~/.cache``).
-A cached model is read without torch: the codecs and the decoding preset are in its
-``nmt_engine.json``, so a process that finds its model there never imports torch.
+The checkpoint is converted once, with nmt-export's code (nmt.interop.ctranslate2), into a
+CTranslate2 model directory cached beside it: ``DIR/.nmt-ctranslate2/KEY/``, where KEY is a
+hash of the checkpoint's bytes, the ctranslate2 version and nmt's. The directory is built under
+a temporary name and renamed into place, under an exclusive lock (another process converting
+the same checkpoint waits for it); a checkpoint file that changes (checkpoint_last.pt during
+training) gets a new entry and the older entries of the same file are removed. Where the
+checkpoint's directory is not writable, the cache is ``$XDG_CACHE_HOME/nmt/ctranslate2``
+(``~/.cache``). A cached model is read without torch: the codecs and the decoding preset are in
+its ``nmt_engine.json``, so a process that finds its model there never imports torch.
 
 The text side (encoding, source checks and truncation, batches by length, input order, empty
 lines) is nmt.search.pipeline's, shared with nmt's own engine. What CTranslate2 decodes
@@ -191,7 +191,7 @@ def converted_model(checkpoint: str | os.PathLike) -> Path:
 def _convert(path: Path, entry: Path, key: str) -> None:
     from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint, inference_checkpoint,
                                 load_checkpoint, model_config)
-    from nmt.export import export_model
+    from nmt.interop.ctranslate2 import export_model
     from nmt.io import fsync_dir
 
     log.info("converting %s for CTranslate2 (once; cached in %s)", path, entry.parent)
@@ -199,7 +199,7 @@ def _convert(path: Path, entry: Path, key: str) -> None:
     src, tgt = codecs_from_checkpoint(ckpt, str(path))
     cfg = model_config(ckpt)
     meta = {"version": META_VERSION, "key": key, "checkpoint": str(path.resolve()),
-            "task": checkpoint_task(ckpt, str(path), tgt).name,
+            "task": checkpoint_task(ckpt, str(path)).name,
             "model_config": cfg.to_dict(),
             "src_codec": src.to_state(), "tgt_codec": tgt.to_state()}
     tmp = entry.with_name(f".{key}.{os.getpid()}.tmp")

@@ -153,7 +153,7 @@ class Translator(TranslatorBase):
             src, tgt = codecs_from_checkpoint(ckpt, str(name))
             if codecs is None:
                 codecs, cfg = (src, tgt), model_config(ckpt)
-                task = checkpoint_task(ckpt, str(name), tgt)
+                task = checkpoint_task(ckpt, str(name))
             elif not (src.same_as(codecs[0]) and tgt.same_as(codecs[1])):
                 raise UsageError(f"{name}: cannot ensemble checkpoints with different "
                                  f"vocabularies or subword models (compare with {names[0]})")

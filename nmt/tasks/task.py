@@ -1,7 +1,7 @@
 """The task a model was trained for, recorded in its data directory and checkpoint, and what the
 task supplies: its decoding constraints and how its validation is scored.
 
-    task = nmt.checkpoint.checkpoint_task(ckpt)  # recorded; inferred once for old checkpoints
+    task = nmt.checkpoint.checkpoint_task(ckpt)  # recorded (inferred for old files as they load)
     task.constraints(tgt_dictionary, src_dictionary, enabled=None)
     task.references(metric, data, split, n)      # None: the raw target file, as for any task
     task.hypotheses(metric, hyps, refs, tgt_dictionary)
@@ -126,6 +126,11 @@ def recorded_task(value: Any, what: str, tgt_dictionary) -> Task:
     recorded: then inferred from the target vocabulary)."""
     if value is None:
         return infer_task(tgt_dictionary)
+    return get_recorded_task(value, what)
+
+
+def get_recorded_task(value: Any, what: str) -> Task:
+    """The task named ``value``, which ``what`` records."""
     if value not in _TASKS:
         raise NmtError(f"{what} records an unknown task {value!r} (this nmt knows "
                        f"{', '.join(TASKS)})")
@@ -139,4 +144,4 @@ def data_task(data) -> Task:
 
 
 __all__ = ["Task", "ParsingTask", "TASKS", "get_task", "infer_task", "recorded_task",
-           "data_task"]
+           "get_recorded_task", "data_task"]

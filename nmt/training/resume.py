@@ -143,7 +143,7 @@ def restore(ck: Mapping[str, Any], model, trainer, selection, rank: int,
     model.load_state_dict(ck["model"])
     trainer.load_state_dict(ck)
     prog = ck["progress"]
-    selection.load_state_dict(prog.get("selection"), prog.get("best_loss"))
+    selection.load_state_dict(prog.get("selection") or {})
     ranks = ck["rng"]["ranks"]
     if len(ranks) == world_size:
         try:

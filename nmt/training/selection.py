@@ -75,15 +75,12 @@ class Selection:
                 "bad_in_a_row": self.bad_in_a_row,
                 "scores": [[u, s] for u, s in sorted(self.scores.items())]}
 
-    def load_state_dict(self, state: dict[str, Any] | None, legacy_best_loss=None) -> None:
-        """Continue a saved selection; a run that changed metric starts the new one afresh.
-        ``legacy_best_loss``: the 'best_loss' of checkpoints written before selection existed."""
-        if state and state.get("metric") == self.metric:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue a saved selection; a run that changed metric starts the new one afresh."""
+        if state.get("metric") == self.metric:
             self.best, self.best_update = state["best"], state["best_update"]
             self.bad_in_a_row = int(state["bad_in_a_row"])
             self.scores = {int(u): float(s) for u, s in state["scores"]}
-        elif state is None and self.metric == "loss" and legacy_best_loss is not None:
-            self.best = float(legacy_best_loss)
 
 
 __all__ = ["Selection", "METRIC_KEYS"]

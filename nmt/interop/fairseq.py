@@ -25,13 +25,14 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
-from nmt.importers.common import check_float_weights, named_errors, nmt_dictionary, regular_file
-from nmt.importers.fairseq_model import (FAIRSEQ_SPECIALS, NMT_FROM_FAIRSEQ,  # noqa: F401
-                                         TRANSFORMER_ARCHS, nmt_rows)
-from nmt.importers.safe_pickle import load_foreign, plain
+from nmt.interop.common import (check_float_weights, named_errors, nmt_dictionary, refuse,
+                                regular_file)
+from nmt.interop.fairseq_model import (FAIRSEQ_SPECIALS, NMT_FROM_FAIRSEQ,  # noqa: F401
+                                       TRANSFORMER_ARCHS, nmt_rows)
+from nmt.interop.safe_pickle import load_foreign, plain
 from nmt.io import check_readable, iter_lines
 
-log = logging.getLogger("nmt.importers.fairseq")
+log = logging.getLogger("nmt.import")
 WHAT = "fairseq checkpoint"
 
 
@@ -83,33 +84,33 @@ def check_pipeline(recorded: Mapping[str, Any], bpe_codes, sentencepiece, moses,
                    moses_no_dash_splits: bool, moses_no_escape: bool) -> None:
     """The text pipeline given on the command line must be the one the checkpoint records,
     where it records one (fairseq's hub interface applies that one): a one-line NmtError
-    naming the option to give. A checkpoint that records none (its text was prepared outside
-    fairseq) takes what it is given."""
-    def refuse(what: str) -> NmtError:
-        return NmtError(f"the checkpoint records {what}")
-
+    naming every option to give. A checkpoint that records none (its text was prepared
+    outside fairseq) takes what it is given."""
+    problems = []
     bpe, tok = recorded.get("bpe"), recorded.get("tokenizer")
     if bpe == "subword_nmt" and bpe_codes is None:
-        raise refuse("bpe=subword_nmt: give its codes file with --bpe-codes")
+        problems.append("bpe=subword_nmt: give its codes file with --bpe-codes")
     if bpe == "sentencepiece" and sentencepiece is None:
-        raise refuse("bpe=sentencepiece: give its model with --sentencepiece")
+        problems.append("bpe=sentencepiece: give its model with --sentencepiece")
     if bpe not in (None, "subword_nmt", "sentencepiece"):
-        raise refuse(f"bpe={bpe}, which nmt cannot apply (it reads subword-nmt codes and "
-                     f"sentencepiece models)")
+        problems.append(f"bpe={bpe}, which nmt cannot apply (it reads subword-nmt codes and "
+                        f"sentencepiece models)")
     separator = recorded.get("bpe.bpe_separator")
     if bpe == "subword_nmt" and separator not in (None, "@@"):
-        raise refuse(f"bpe_separator={separator!r}; nmt's subword-nmt codec joins on '@@'")
+        problems.append(f"bpe_separator={separator!r}, but nmt's subword-nmt codec joins on "
+                        f"'@@'")
     if tok == "moses" and moses is None:
-        raise refuse("tokenizer=moses: give --moses SRC-TGT")
+        problems.append("tokenizer=moses: give --moses SRC-TGT")
     if tok not in (None, "moses", "space", "nltk"):
-        raise refuse(f"tokenizer={tok}, which nmt cannot apply (it applies Moses)")
+        problems.append(f"tokenizer={tok}, which nmt cannot apply (it applies Moses)")
     if tok == "moses":
         for flag, given in (("moses_no_dash_splits", moses_no_dash_splits),
                             ("moses_no_escape", moses_no_escape)):
             want = bool(recorded.get(f"tokenizer.{flag}"))
             if want != given:
-                raise refuse(f"{flag}={want}: {'add' if want else 'leave out'} "
-                             f"--{flag.replace('_', '-')}")
+                problems.append(f"{flag}={want}: {'add' if want else 'leave out'} "
+                                f"--{flag.replace('_', '-')}")
+    refuse("the checkpoint records", problems, sep=" ")
 
 
 def _flatten(args: Mapping[str, Any]) -> dict:
@@ -165,7 +166,7 @@ def import_fairseq(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, *
     pipeline: ``bpe_codes`` (subword-nmt) or ``sentencepiece`` (a model file), and ``moses``
     ("SRC-TGT", fairseq's --tokenizer moses, with its two options)."""
     from nmt.checkpoint import make_checkpoint
-    from nmt.importers.fairseq_model import _Source, model_fields, nmt_state
+    from nmt.interop.fairseq_model import _Source, model_fields, nmt_state
     from nmt.models.transformer import Transformer
 
     if bpe_codes is not None and sentencepiece is not None:
@@ -248,10 +249,11 @@ def _check_sizes(state: dict, src_dict: Dictionary, tgt_dict: Dictionary, share_
 
 def _check_specials(args: Mapping[str, Any]) -> None:
     """fairseq-train's --bos/--pad/--eos/--unk may move the specials: nmt maps the defaults."""
-    for (symbol, index), name in zip(FAIRSEQ_SPECIALS.items(), ("bos", "pad", "eos", "unk")):
-        if args.get(name, index) != index:
-            raise NmtError(f"cannot import this fairseq model: its dictionary puts {symbol} "
-                           f"at {args.get(name)} (fairseq's default, which nmt maps, is {index})")
+    refuse("cannot import this fairseq model", [
+        f"its dictionary puts {symbol} at {args.get(name)} (fairseq's default, which nmt maps, "
+        f"is {index})"
+        for (symbol, index), name in zip(FAIRSEQ_SPECIALS.items(), ("bos", "pad", "eos", "unk"))
+        if args.get(name, index) != index])
 
 
 def text_codec(dictionary: Dictionary, bpe_codes, sentencepiece, moses_lang: str | None,

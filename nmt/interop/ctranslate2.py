@@ -1,4 +1,5 @@
-"""Export a checkpoint for another inference engine: CTranslate2 (``nmt-export``).
+"""Export a checkpoint for another inference engine: CTranslate2 (``nmt-export``; its entry
+point, export_model, hands ``format="huggingface"`` to nmt.interop.hf_export).
 
     export_model("checkpoint_best.pt", "ende-ct2", format="ctranslate2", quantization="int8")
 
@@ -35,9 +36,10 @@ What a model directory cannot carry is decoding: the GNMT length penalty, the le
 a * source length + b and nmt's handling of them. README.txt gives the CTranslate2 settings:
 greedy decoding gives nmt's output token for token; beam search comes close (see there).
 
-Models that CTranslate2 cannot run as nmt does are refused with a one-line NmtError: keys and
-values of different sizes per head (d_k != d_v), and linearized-tree target vocabularies, which
-nmt decodes under tree constraints (nmt.search.constraints).
+Models that CTranslate2 cannot run as nmt does are refused with a one-line NmtError naming
+all of it: keys and values of different sizes per head (d_k != d_v), linearized-tree target
+vocabularies, which nmt decodes under tree constraints (nmt.search.constraints), and text
+pipelines that README.txt and translate.py do not write out (an imported fairseq model's).
 
 ctranslate2 is an optional dependency (``pip install 'nmt[export]'``), imported here only.
 """
@@ -54,12 +56,13 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError, UsageError
+from nmt.interop.common import refuse
 from nmt.io import check_readable, install_directory, temporary_directory_beside
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.export")
 
-FORMATS = ("ctranslate2", "huggingface")   # the second: nmt.export_hf
+FORMATS = ("ctranslate2", "huggingface")   # the second: nmt.interop.hf_export
 # CTranslate2's weight types: float32 (exact), int8 (8-bit weights with per-row scales; the
 # other weights keep their type, float32 here) and int8_float32 (the others made float32).
 QUANTIZATIONS = ("float32", "int8_float32", "int8")
@@ -94,7 +97,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
         if quantization != "float32":
             raise UsageError("--quantization goes with --format ctranslate2 (a huggingface "
                              "export holds float32 weights)")
-        from nmt.export_hf import export_huggingface
+        from nmt.interop.hf_export import export_huggingface
 
         ckpt = (checkpoint if isinstance(checkpoint, dict)
                 else load_checkpoint(checkpoint, mmap=True))
@@ -105,8 +108,7 @@ def export_model(checkpoint: str | os.PathLike | dict, out: str | os.PathLike, *
     # Without the optimizer state of a training checkpoint: it would only take memory.
     model, ckpt = load_model_from_checkpoint(inference_checkpoint(ckpt))
     src_codec, tgt_codec = codecs_from_checkpoint(ckpt, name)
-    check_exportable(model.cfg, tgt_codec, name, checkpoint_task(ckpt, name, tgt_codec).name)
-    check_pipeline_described(src_codec, tgt_codec, name)
+    check_exportable(model.cfg, src_codec, tgt_codec, name, checkpoint_task(ckpt, name).name)
 
     spec = ctranslate2_spec(ct2, model, src_codec.dictionary.symbols,
                             tgt_codec.dictionary.symbols)
@@ -153,33 +155,41 @@ def import_ctranslate2():
     return ctranslate2
 
 
-def check_exportable(cfg, tgt_codec, name: str = "checkpoint", task: str | None = None) -> None:
-    """NmtError when CTranslate2 would not translate as nmt does. ``task``: the checkpoint's
-    (nmt.tasks.task); None: inferred from the target vocabulary."""
-    if cfg.head_dim_k != cfg.head_dim_v:
-        raise NmtError(f"{name}: cannot export to CTranslate2: its attention has keys of "
-                       f"{cfg.head_dim_k} and values of {cfg.head_dim_v} dimensions per head, "
-                       f"CTranslate2 needs one size for both")
+def check_exportable(cfg, src_codec, tgt_codec, name: str = "checkpoint",
+                     task: str | None = None) -> None:
+    """One-line NmtError naming everything that keeps CTranslate2 from translating as nmt
+    does. ``task``: the checkpoint's (nmt.tasks.task); None: inferred from the target
+    vocabulary."""
     from nmt.tasks.task import get_task, infer_task
 
+    problems = []
+    if cfg.head_dim_k != cfg.head_dim_v:
+        problems.append(f"its attention has keys of {cfg.head_dim_k} and values of "
+                        f"{cfg.head_dim_v} dimensions per head, CTranslate2 needs one size "
+                        f"for both")
     if (get_task(task) if task else infer_task(tgt_codec.dictionary)).name == "parsing":
-        raise NmtError(f"{name}: cannot export to CTranslate2: it is a parsing model, whose "
-                       f"outputs nmt decodes under tree constraints that CTranslate2 cannot "
-                       f"apply")
+        problems.append("it is a parsing model, whose outputs nmt decodes under tree "
+                        "constraints that CTranslate2 cannot apply")
+    undescribed = pipeline_not_described(src_codec, tgt_codec)
+    if undescribed:
+        problems.append(f"nmt-export does not write out the text pipeline of {undescribed} "
+                        f"yet: translate it with nmt-generate")
+    refuse(f"{name}: cannot export to CTranslate2", problems)
 
 
-def check_pipeline_described(src_codec, tgt_codec, name: str = "checkpoint") -> None:
-    """NmtError for a text pipeline that README.txt and translate.py do not write out (an
-    imported fairseq model's BPE codes or Moses settings): the export would translate, but
-    the instructions beside it would tokenize differently from nmt-generate."""
+def pipeline_not_described(src_codec, tgt_codec) -> str:
+    """The sides whose text pipeline README.txt and translate.py do not write out (an imported
+    fairseq model's BPE codes or Moses settings), named with what is missing; "" for none.
+    The export would translate, but the instructions beside it would tokenize differently
+    from nmt-generate."""
+    sides = []
     for side, codec in (("source", src_codec), ("target", tgt_codec)):
         what = ([f"{codec.kind} subwords"] if codec.kind in ("subword_nmt",
                                                              "fairseq_sentencepiece") else []
                 ) + (["fairseq's Moses settings"] if codec.moses_options else [])
         if what:
-            raise NmtError(f"{name}: cannot export to CTranslate2 yet: nmt-export does not "
-                           f"write out its {side} text pipeline ({' and '.join(what)}); "
-                           f"translate it with nmt-generate")
+            sides.append(f"its {side} ({' and '.join(what)})")
+    return " and ".join(sides)
 
 
 def position_rows(cfg) -> int:
@@ -361,7 +371,7 @@ def _is_export(d: Path) -> bool:
     """A directory nmt-export wrote: CTranslate2's (nmt_export.json) or a Marian one (its
     config.json carries nmt's own key; a Marian model downloaded from the Hub has none, and
     --overwrite must not delete it)."""
-    from nmt.export_hf import is_hf_export
+    from nmt.interop.hf_export import is_hf_export
 
     return (d / "nmt_export.json").is_file() or is_hf_export(d)
 
@@ -370,7 +380,7 @@ def _is_export(d: Path) -> bool:
 
 SNIPPET_BEGIN = "# --- translate.py ---"
 SNIPPET_END = "# --- end of translate.py ---"
-TEMPLATES = Path(__file__).resolve().parent / "resources" / "export"
+TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "export"
 
 
 def _template(name: str, **values: Any) -> str:

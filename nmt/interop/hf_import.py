@@ -14,7 +14,7 @@ How a Marian model maps onto nmt's Transformer (nmt.config.ModelConfig):
 - post-norm layers, the FFN activation (swish/silu, relu or exact gelu), embeddings scaled by
   sqrt(d_model) or not (``scale_embedding``), sinusoidal positions in Marian's layout (sines in
   the first half, cosines in the second, positions from 0) or, when the weights file stores
-  the tables, the table it stores (nmt.importers.hf_positions), LayerNorm epsilon 1e-5, one
+  the tables, the table it stores (nmt.interop.hf_positions), LayerNorm epsilon 1e-5, one
   embedding matrix for both sides, the output projection tied to it (or ``lm_head`` when
   ``tie_word_embeddings`` is false), ``final_logits_bias`` as the output bias;
 - q/k/v projections fused as nmt's attention wants them ([q; k; v], cross-attention [k; v]);
@@ -29,10 +29,12 @@ How a Marian model maps onto nmt's Transformer (nmt.config.ModelConfig):
 - text: MarianTokenizer's pipeline (nmt.data.subword.SentencePieceVocab): source.spm pieces
   looked up in vocab.json, target pieces joined by target.spm.
 
-What nmt cannot represent exactly is refused with one line naming it: another ``model_type``,
-separate source/target vocabularies, different encoder/decoder head counts or FFN sizes, an
-activation other than the above, and the BART-era flags transformers' Marian ignores
-(``normalize_before``, ``normalize_embedding``, ``add_final_layer_norm``...).
+The parameter names and MarianConfig's keys are read from the table the export writes with
+(nmt.interop.marian). What nmt cannot represent exactly is refused with one line naming all of
+it: another ``model_type``, separate source/target vocabularies, different encoder/decoder
+head counts or FFN sizes, an activation other than the above, and the BART-era flags
+transformers' Marian ignores (``normalize_before``, ``normalize_embedding``,
+``add_final_layer_norm``...).
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.importers.common import (ABSENT_LOGIT, check_output, load_safetensors,
-                                  load_torch_weights, named_errors, nmt_dictionary,
-                                  permute_rows, probability, read_json, regular_file)
-from nmt.importers.hf_positions import KEYS as POSITION_KEYS, import_positions
+from nmt.interop.common import (ABSENT_LOGIT, check_output, load_safetensors,
+                                load_torch_weights, named_errors, nmt_dictionary, permute_rows,
+                                probability_problem, read_json, refuse, regular_file)
+from nmt.interop.hf_positions import KEYS as POSITION_KEYS, import_positions
+from nmt.interop.marian import (CONFIG_FIELDS, EMBEDDINGS, OUTPUT, OUTPUT_BIAS, PARTS,
+                                layer_modules, marian_names)
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
 log = logging.getLogger("nmt.import")
@@ -94,15 +98,18 @@ def import_huggingface(model_dir: str | os.PathLike, out: str | os.PathLike) -> 
     config = read_json(d / "config.json", "model configuration")
     tok = _optional_json(d / "tokenizer_config.json", "tokenizer configuration")
     if tok.get("separate_vocabs") or (d / "target_vocab.json").exists():
-        raise NmtError(f"{d}: cannot import: separate source and target vocabularies "
-                       f"(separate_vocabs) are not supported")
+        # vocab.json is then the source side's alone: refused before it is read as both,
+        # with whatever else the configuration has that nmt cannot represent
+        refuse(f"{d}: cannot import", ["separate source and target vocabularies "
+                                       "(separate_vocabs) are not supported",
+                                       *_model_fields(config)[1]])
     symbols = _read_vocab(d / "vocab.json")
     specials = _special_ids(symbols, config, tok, d)
     # transformers reads generation_config.json alone when it is there, else config.json's keys
     gen_path = d / "generation_config.json"
     settings = (read_json(gen_path, "generation configuration") if gen_path.exists()
                 else _generation_keys(config))
-    cfg = marian_config(config, settings, specials, str(d))
+    cfg = model_config(config, settings, specials, str(d))
     weights = _read_weights(d)
     rows = _check_vocab_sizes(len(symbols), config, weights, d)
     symbols = symbols + _unnamed(symbols, rows)
@@ -199,14 +206,13 @@ def _read_weights(d: Path) -> dict[str, torch.Tensor]:
         raise NmtError(f"{d}: no weights (model.safetensors or pytorch_model.bin)")
     # Saved from MarianModel rather than MarianMTModel: the same names without "model.".
     # Position tables keep their stored precision: a half-precision sinusoid table is
-    # recognised against the computed one rounded alike (nmt.importers.hf_positions).
-    named = {(k if k.startswith("model.") or k in ("lm_head.weight", "final_logits_bias")
-              else f"model.{k}"): v for k, v in weights.items()}
+    # recognised against the computed one rounded alike (nmt.interop.hf_positions).
+    named = {(k if k.startswith("model.") or k in (OUTPUT, OUTPUT_BIAS) else f"model.{k}"): v
+             for k, v in weights.items()}
     return {k: v if k in POSITION_KEYS.values() else v.float() for k, v in named.items()}
 
 
-VOCAB_ROWS = ("model.shared.weight", "model.encoder.embed_tokens.weight",
-              "model.decoder.embed_tokens.weight", "lm_head.weight", "final_logits_bias")
+VOCAB_ROWS = (*EMBEDDINGS, OUTPUT, OUTPUT_BIAS)
 
 
 def _check_vocab_sizes(pieces: int, config: dict, w: dict[str, torch.Tensor], d: Path
@@ -215,7 +221,7 @@ def _check_vocab_sizes(pieces: int, config: dict, w: dict[str, torch.Tensor], d:
     vocabulary-sized weight must agree (as transformers loads no model whose weights disagree
     with its configuration), and vocab.json must name no id past them. Rows it does not name
     are kept (:func:`_unnamed`)."""
-    sizes = {k: int(w[k].shape[-1] if k == "final_logits_bias" else w[k].shape[0])
+    sizes = {k: int(w[k].shape[-1] if k == OUTPUT_BIAS else w[k].shape[0])
              for k in VOCAB_ROWS if k in w and w[k].dim() > 0}
     declared = config.get("vocab_size")
     if isinstance(declared, int) and not isinstance(declared, bool):
@@ -252,90 +258,127 @@ def _replace(cfg: ModelConfig, **changes: Any) -> ModelConfig:
     return dataclasses.replace(cfg, **changes)
 
 
-def _int(config: dict, key: str, name: str) -> int:
-    v = config.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise NmtError(f"{name}: cannot import: config.json's {key} is {v!r}, not a "
-                       f"positive integer")
-    return v
-
-
-def marian_config(config: dict, gen: dict, specials: dict[int, int], name: str) -> ModelConfig:
+def model_config(config: dict, gen: dict, specials: dict[int, int], name: str) -> ModelConfig:
     """The ModelConfig of a MarianConfig (a config.json as a dict) and its generation settings;
-    a one-line NmtError naming what nmt cannot represent."""
-    def refuse(what: str) -> NmtError:
-        return NmtError(f"{name}: cannot import: {what}")
-
+    a one-line NmtError naming everything nmt cannot represent."""
+    fields, problems = _model_fields(config)
     c = {**DEFAULTS, **config}
-    if c.get("model_type") != "marian":
-        raise refuse(f"model_type {c.get('model_type')!r} is not 'marian' (nmt imports Marian "
-                     f"models such as OPUS-MT from this format)")
-    for key, fine in LEGACY.items():
-        if key in c and c[key] is not None and bool(c[key]) != fine:
-            raise refuse(f"{key}={c[key]!r}: transformers' Marian has no such variant")
-    size = {k: _int(c, k, name) for k in ("d_model", "encoder_layers", "decoder_layers",
-                                         "encoder_attention_heads", "decoder_attention_heads",
-                                         "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size",
-                                         "max_position_embeddings")}
-    for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
-                 ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if size[a] != size[b]:
-            raise refuse(f"{a}={size[a]} differs from {b}={size[b]}: nmt has one size for both")
-    if size["d_model"] % size["encoder_attention_heads"]:
-        raise refuse(f"d_model={size['d_model']} is not divisible by the heads")
-    act = c["activation_function"]
-    if act not in ACTIVATIONS:
-        raise refuse(f"activation_function {act!r} (nmt has {', '.join(ACTIVATIONS)})")
-    if not c["share_encoder_decoder_embeddings"]:
-        raise refuse("separate encoder and decoder embeddings "
-                     "(share_encoder_decoder_embeddings=false) are not supported")
-    if c.get("decoder_vocab_size") not in (None, size["vocab_size"]):
-        raise refuse(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
     start = c.get("decoder_start_token_id")
     roles = {v: k for k, v in specials.items()}
     if roles.get(start) not in (PAD, EOS, BOS):
-        raise refuse(f"decoder_start_token_id {start!r} is not the id of <pad>, </s> or <s>")
+        problems.append(f"decoder_start_token_id {start!r} is not the id of <pad>, </s> or <s>")
+    preset = _generation_preset(gen, specials, name, problems)
+    refuse(f"{name}: cannot import", problems)
     return ModelConfig(
-        arch="marian", encoder_layers=size["encoder_layers"],
-        decoder_layers=size["decoder_layers"], d_model=size["d_model"],
-        d_ff=size["encoder_ffn_dim"], heads=size["encoder_attention_heads"],
-        **{k: probability(c[k], k, name)
-           for k in ("dropout", "attention_dropout", "activation_dropout")},
-        positional="sinusoidal",
-        max_positions=size["max_position_embeddings"], pre_norm=False,
-        activation=ACTIVATIONS[act], scale_embedding=bool(c["scale_embedding"]),
-        sinusoid_layout="marian", output_bias=True,
-        tie_output=bool(c["tie_word_embeddings"]),
-        decoder_start={PAD: "pad", EOS: "eos", BOS: "bos"}[roles[start]],
-        **generation_preset(gen, specials, name))
+        arch="marian", **fields, positional="sinusoidal", pre_norm=False,
+        sinusoid_layout="marian", output_bias=True, tie_output=bool(c["tie_word_embeddings"]),
+        decoder_start={PAD: "pad", EOS: "eos", BOS: "bos"}[roles[start]], **preset)
+
+
+def _model_fields(config: dict) -> tuple[dict[str, Any], list[str]]:
+    """(ModelConfig fields, what nmt cannot represent) of a MarianConfig's model: its keys
+    read through nmt.interop.marian.CONFIG_FIELDS, the flags checked."""
+    c = {**DEFAULTS, **config}
+    problems = []
+    if c.get("model_type") != "marian":
+        problems.append(f"model_type {c.get('model_type')!r} is not 'marian' (nmt imports "
+                        f"Marian models such as OPUS-MT from this format)")
+    for key, fine in LEGACY.items():
+        if key in c and c[key] is not None and bool(c[key]) != fine:
+            problems.append(f"{key}={c[key]!r}: transformers' Marian has no such variant")
+    fields: dict[str, Any] = {}
+    first: dict[str, str] = {}          # field -> the key it was read from
+    for key, field in (*CONFIG_FIELDS, ("vocab_size", "vocab_size")):   # the last: checked only
+        value, problem = _config_value(key, field, c.get(key))
+        if problem:
+            problems.append(problem)
+        elif field not in fields:
+            fields[field], first[field] = value, key
+        elif fields[field] != value:
+            problems.append(f"{first[field]}={fields[field]} differs from {key}={value}: nmt "
+                            f"has one size for both")
+    vocab_size = fields.pop("vocab_size", None)
+    if fields.get("heads") and fields.get("d_model") and fields["d_model"] % fields["heads"]:
+        problems.append(f"d_model={fields['d_model']} is not divisible by the heads")
+    if not c["share_encoder_decoder_embeddings"]:
+        problems.append("separate encoder and decoder embeddings "
+                        "(share_encoder_decoder_embeddings=false) are not supported")
+    if vocab_size and c.get("decoder_vocab_size") not in (None, vocab_size):
+        problems.append(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
+    return fields, problems
+
+
+PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def _config_value(key: str, field: str, value: Any) -> tuple[Any, str | None]:
+    """(ModelConfig's value, None) of config.json's ``key`` holding ``field``, or (None, why
+    nmt cannot take it)."""
+    if field in PROBABILITIES:
+        problem = probability_problem(value, key)
+        return (None, problem) if problem else (float(value), None)
+    if field == "activation":
+        if isinstance(value, str) and value in ACTIVATIONS:
+            return ACTIVATIONS[value], None
+        return None, f"activation_function {value!r} (nmt has {', '.join(ACTIVATIONS)})"
+    if field == "scale_embedding":
+        return bool(value), None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return None, f"config.json's {key} is {value!r}, not a positive integer"
+    return value, None
 
 
 def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[str, Any]:
     """beam, lenpen, lenpen_formula, max_len_a/b and min_len from transformers' generation
     settings (its defaults where absent); settings nmt's search cannot follow are named in a
-    warning."""
+    warning, settings it cannot read in a one-line NmtError."""
+    problems: list[str] = []
+    preset = _generation_preset(gen, specials, name, problems)
+    refuse(f"{name}: cannot import", problems)
+    return preset
+
+
+def _generation_preset(gen: dict, specials: dict[int, int], name: str, problems: list[str]
+                       ) -> dict[str, Any]:
+    """generation_preset's work; what it cannot read is added to ``problems`` (its default
+    taken instead), and the warning left out when there is any."""
     early = gen.get("early_stopping", False)
     if early not in (True, False):
-        raise NmtError(f"{name}: cannot import: early_stopping={early!r} (nmt follows "
-                       f"transformers' beam search with early_stopping true or false)")
+        problems.append(f"early_stopping={early!r} (nmt follows transformers' beam search "
+                        f"with early_stopping true or false)")
+
     def setting(key: str, default, integer: bool):
         """A generation setting: null or absent is transformers' default."""
         v = gen.get(key)
         if v is None:
             return default
         if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)):
-            raise NmtError(f"{name}: cannot import: the generation setting {key}={v!r} is not "
-                           f"{'an integer' if integer else 'a number'}")
+            problems.append(f"the generation setting {key}={v!r} is not "
+                            f"{'an integer' if integer else 'a number'}")
+            return default
         return v
 
     if gen.get("max_new_tokens") is not None:
-        max_len_b = setting("max_new_tokens", 0, True) - 1
+        max_len_b = setting("max_new_tokens", DEFAULT_NEW_TOKENS, True) - 1
     elif gen.get("max_length") is not None:
         max_len_b = setting("max_length", 20, True) - 2
     else:
         # Neither set: transformers 5 generates 20 new tokens (the forced eos among them),
         # not max_length 20 with the start symbol counted
         max_len_b = DEFAULT_NEW_TOKENS - 1
+    # min_length counts the decoder's start symbol, min_new_tokens does not; both apply.
+    min_len = max(setting("min_length", 0, True) - 1, setting("min_new_tokens", 0, True), 0)
+    preset = {"beam": max(1, setting("num_beams", 1, True)),
+              "lenpen": float(setting("length_penalty", 1.0, False)),
+              "lenpen_formula": "fairseq" if early else "hf",
+              "max_len_a": 0.0, "max_len_b": max(0, max_len_b), "min_len": min_len}
+    if not problems:
+        _warn_ignored(gen, specials, name)
+    return preset
+
+
+def _warn_ignored(gen: dict, specials: dict[int, int], name: str) -> None:
+    """A warning naming the generation settings nmt's search has no equivalent of."""
     ignored = [f"{k}={gen[k]!r}" for k, neutral in NEUTRAL_GENERATION.items()
                if gen.get(k) not in (None, neutral)]
     banned = {specials[PAD]} | ({specials[BOS]} if BOS in specials else set())
@@ -348,12 +391,6 @@ def generation_preset(gen: dict, specials: dict[int, int], name: str) -> dict[st
     if ignored:
         log.warning("%s: generation settings nmt-generate does not apply: %s", name,
                     "; ".join(ignored))
-    # min_length counts the decoder's start symbol, min_new_tokens does not; both apply.
-    min_len = max(setting("min_length", 0, True) - 1, setting("min_new_tokens", 0, True), 0)
-    return {"beam": max(1, setting("num_beams", 1, True)),
-            "lenpen": float(setting("length_penalty", 1.0, False)),
-            "lenpen_formula": "fairseq" if early else "hf",
-            "max_len_a": 0.0, "max_len_b": max(0, max_len_b), "min_len": min_len}
 
 
 def convert_weights(w: dict[str, torch.Tensor], cfg: ModelConfig, order: list[int],
@@ -367,48 +404,30 @@ def convert_weights(w: dict[str, torch.Tensor], cfg: ModelConfig, order: list[in
         used.add(key)
         return w[key]
 
-    def fused(prefix: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        return {part: torch.cat([take(f"{prefix}.{n}_proj.{part}") for n in names])
-                for part in ("weight", "bias")}
-
-    emb_key = next((k for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
-                                "model.decoder.embed_tokens.weight") if k in w), None)
+    emb_key = next((k for k in EMBEDDINGS if k in w), None)
     if emb_key is None:
         raise NmtError(f"{name}: cannot import: the weights have no embedding matrix")
     embedding = take(emb_key)
-    for k in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+    for k in EMBEDDINGS[1:]:
         if k in w and not torch.equal(take(k), embedding):
             raise NmtError(f"{name}: cannot import: {k} differs from {emb_key}, but the "
                            f"configuration shares one embedding matrix")
     emb = permute_rows(embedding, order)
     state = {"src_embed.weight": emb, "tgt_embed.weight": emb}
     if cfg.tie_output:
-        if "lm_head.weight" in w and not torch.equal(take("lm_head.weight"), embedding):
-            raise NmtError(f"{name}: cannot import: lm_head.weight differs from the "
-                           f"embedding, but tie_word_embeddings is true")
+        if OUTPUT in w and not torch.equal(take(OUTPUT), embedding):
+            raise NmtError(f"{name}: cannot import: {OUTPUT} differs from the embedding, but "
+                           f"tie_word_embeddings is true")
     else:
-        state["output_weight"] = permute_rows(take("lm_head.weight"), order)
-    bias = (take("final_logits_bias") if "final_logits_bias" in w
+        state["output_weight"] = permute_rows(take(OUTPUT), order)
+    bias = (take(OUTPUT_BIAS) if OUTPUT_BIAS in w
             else torch.zeros(1, embedding.size(0))).reshape(-1)
     if BOS not in specials or bool(bias.any()):
         state["output_bias"] = permute_rows(bias, order, fill=ABSENT_LOGIT)
-    for i in range(cfg.encoder_layers):
-        p, q = f"model.encoder.layers.{i}", f"encoder_layers.{i}"
-        state.update(_prefixed(f"{q}.self_attn.in_proj", fused(f"{p}.self_attn", "qkv")))
-        state.update(_sublayers(take, p, q, (("self_attn_layer_norm", "res1.norm"),
-                                             ("self_attn.out_proj", "self_attn.out_proj"),
-                                             ("fc1", "ffn.fc1"), ("fc2", "ffn.fc2"),
-                                             ("final_layer_norm", "res2.norm"))))
-    for i in range(cfg.decoder_layers):
-        p, q = f"model.decoder.layers.{i}", f"decoder_layers.{i}"
-        state.update(_prefixed(f"{q}.self_attn.in_proj", fused(f"{p}.self_attn", "qkv")))
-        state.update(_prefixed(f"{q}.cross_attn.kv_proj", fused(f"{p}.encoder_attn", "kv")))
-        state.update(_sublayers(take, p, q, (
-            ("self_attn_layer_norm", "res1.norm"), ("self_attn.out_proj", "self_attn.out_proj"),
-            ("encoder_attn.q_proj", "cross_attn.q_proj"),
-            ("encoder_attn.out_proj", "cross_attn.out_proj"),
-            ("encoder_attn_layer_norm", "res2.norm"), ("fc1", "ffn.fc1"), ("fc2", "ffn.fc2"),
-            ("final_layer_norm", "res3.norm"))))
+    for marian, nmt, fused in layer_modules(cfg):
+        for part in PARTS:
+            parts = [take(k) for k in marian_names(marian, fused, part)]
+            state[f"{nmt}.{part}"] = parts[0] if len(parts) == 1 else torch.cat(parts)
     unused = sorted(set(w) - used)
     if unused:
         raise NmtError(f"{name}: cannot import: weights nmt has no place for: "
@@ -416,13 +435,4 @@ def convert_weights(w: dict[str, torch.Tensor], cfg: ModelConfig, order: list[in
     return state
 
 
-def _prefixed(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.{k}": v for k, v in parts.items()}
-
-
-def _sublayers(take, src: str, dst: str, pairs) -> dict[str, torch.Tensor]:
-    return {f"{dst}.{b}.{part}": take(f"{src}.{a}.{part}")
-            for a, b in pairs for part in ("weight", "bias")}
-
-
-__all__ = ["import_huggingface", "marian_config", "generation_preset", "convert_weights"]
+__all__ = ["import_huggingface", "model_config", "generation_preset", "convert_weights"]

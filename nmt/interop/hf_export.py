@@ -9,14 +9,16 @@ transformers loads (``MarianMTModel.from_pretrained``, ``MarianTokenizer.from_pr
     OUT/tokenizer_config.json, special_tokens_map.json    MarianTokenizer's settings
 
 The vocabulary keeps nmt's ids (<pad> 0, <s> 1, </s> 2, <unk> 3), so ``nmt-import
-huggingface`` gives back the very same weights. What transformers' Marian can express is
-exported; the rest is refused with one line: pre-norm layers, layernorm_embedding, LayerNorm
-epsilon other than 1e-5, separate source and target vocabularies, Moses tokenization and
-subwords other than sentencepiece (MarianTokenizer has neither).
+huggingface`` gives back the very same weights: both read the parameter names and the
+configuration keys from one table (nmt.interop.marian). What transformers' Marian can express
+is exported; the rest is refused with one line naming all of it: pre-norm layers,
+layernorm_embedding, LayerNorm epsilon other than 1e-5, separate source and target
+vocabularies, Moses tokenization and subwords other than sentencepiece (MarianTokenizer has
+neither).
 
 Positions of every kind export: transformers loads ``embed_positions`` from the weights file
 when it has them, so the file carries nmt's own table (any sinusoid layout and offset, or the
-learned rows); see nmt.importers.hf_positions. (transformers' own save_pretrained leaves the
+learned rows); see nmt.interop.hf_positions. (transformers' own save_pretrained leaves the
 tables out: a directory it re-saved runs with Marian's table, which only a model trained with
 ``sinusoid_layout=marian`` was.)
 
@@ -34,7 +36,10 @@ from pathlib import Path
 import torch
 
 from nmt.errors import NmtError
-from nmt.importers.hf_positions import MARK, MAX_OFFSET, export_positions, positions_mark
+from nmt.interop.common import refuse
+from nmt.interop.hf_positions import MARK, MAX_OFFSET, export_positions
+from nmt.interop.marian import (EMBEDDINGS, OUTPUT, OUTPUT_BIAS, PARTS, layer_modules,
+                                marian_config, marian_names)
 from nmt.io import install_directory, temporary_directory_beside
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 
@@ -44,29 +49,28 @@ INSTALL_HINT = "pip install 'nmt[hf]'"
 
 
 def check_hf_exportable(ckpt: dict, cfg, src_codec, tgt_codec, name: str) -> None:
-    """NmtError naming what a Marian directory cannot hold as nmt runs it."""
-    def refuse(what: str) -> NmtError:
-        return NmtError(f"{name}: cannot export to huggingface (Marian): {what}")
-
+    """One-line NmtError naming everything a Marian directory cannot hold as nmt runs it."""
+    problems = []
     if cfg.pre_norm:
-        raise refuse("pre-norm layers (transformers' Marian is post-norm)")
+        problems.append("pre-norm layers (transformers' Marian is post-norm)")
     if cfg.positional == "sinusoidal" and cfg.position_offset > MAX_OFFSET:
-        raise refuse(f"position_offset {cfg.position_offset} (nmt-import recognises sinusoid "
-                     f"tables of offsets up to {MAX_OFFSET})")
+        problems.append(f"position_offset {cfg.position_offset} (nmt-import recognises "
+                        f"sinusoid tables of offsets up to {MAX_OFFSET})")
     if cfg.layernorm_embedding:
-        raise refuse("layernorm_embedding")
+        problems.append("layernorm_embedding")
     if cfg.layer_norm_eps != 1e-5:
-        raise refuse(f"LayerNorm epsilon {cfg.layer_norm_eps:g} (Marian's is 1e-5)")
+        problems.append(f"LayerNorm epsilon {cfg.layer_norm_eps:g} (Marian's is 1e-5)")
     if cfg.head_dim_k * cfg.heads != cfg.d_model or cfg.head_dim_v != cfg.head_dim_k:
-        raise refuse("head sizes other than d_model / heads")
+        problems.append("head sizes other than d_model / heads")
     if not ckpt["share_all_embeddings"] or src_codec.dictionary != tgt_codec.dictionary:
-        raise refuse("separate source and target vocabularies")
+        problems.append("separate source and target vocabularies")
     for side, codec in (("source", src_codec), ("target", tgt_codec)):
         if codec.kind != "bpe":
-            raise refuse(f"the {side} side's {codec.kind} subwords (MarianTokenizer reads "
-                         f"sentencepiece models)")
+            problems.append(f"the {side} side's {codec.kind} subwords (MarianTokenizer reads "
+                            f"sentencepiece models)")
         if codec.moses_lang:
-            raise refuse(f"Moses tokenization of the {side} side (MarianTokenizer has none)")
+            problems.append(f"Moses tokenization of the {side} side (MarianTokenizer has none)")
+    refuse(f"{name}: cannot export to huggingface (Marian)", problems)
 
 
 def hf_state_dict(model) -> dict[str, torch.Tensor]:
@@ -76,66 +80,24 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
     def put(name: str, t: torch.Tensor) -> None:
         out[name] = t.detach().to("cpu", torch.float32).contiguous().clone()
 
-    def split(prefix: str, layer, names: str) -> None:
-        for part in ("weight", "bias"):
-            for n, t in zip(names, getattr(layer, part).chunk(len(names))):
-                put(f"{prefix}.{n}_proj.{part}", t)
-
-    def copy(prefix: str, module) -> None:
-        put(f"{prefix}.weight", module.weight)
-        put(f"{prefix}.bias", module.bias)
-
-    # All three names: transformers ties the encoder's and decoder's embeddings to the shared
-    # one only when tie_word_embeddings is true, and would initialize them at random otherwise.
-    for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
-        put(f"{name}.weight", model.tgt_embed.weight)
+    # All three names: transformers would initialize the encoder's and decoder's embeddings
+    # at random otherwise (it ties them only when tie_word_embeddings is true).
+    for name in EMBEDDINGS:
+        put(name, model.tgt_embed.weight)
     for name, table in export_positions(model).items():
         put(name, table)
     if model.output_weight is not None:
-        put("lm_head.weight", model.output_weight)
+        put(OUTPUT, model.output_weight)
     bias = (model.output_bias if model.output_bias is not None
             else torch.zeros(model.tgt_embed.weight.size(0)))
-    put("final_logits_bias", bias.reshape(1, -1))
-    for i, layer in enumerate(model.encoder_layers):
-        p = f"model.encoder.layers.{i}"
-        split(f"{p}.self_attn", layer.self_attn.in_proj, "qkv")
-        for dst, src in (("self_attn.out_proj", layer.self_attn.out_proj),
-                         ("self_attn_layer_norm", layer.res1.norm), ("fc1", layer.ffn.fc1),
-                         ("fc2", layer.ffn.fc2), ("final_layer_norm", layer.res2.norm)):
-            copy(f"{p}.{dst}", src)
-    for i, layer in enumerate(model.decoder_layers):
-        p = f"model.decoder.layers.{i}"
-        split(f"{p}.self_attn", layer.self_attn.in_proj, "qkv")
-        split(f"{p}.encoder_attn", layer.cross_attn.kv_proj, "kv")
-        for dst, src in (("self_attn.out_proj", layer.self_attn.out_proj),
-                         ("self_attn_layer_norm", layer.res1.norm),
-                         ("encoder_attn.q_proj", layer.cross_attn.q_proj),
-                         ("encoder_attn.out_proj", layer.cross_attn.out_proj),
-                         ("encoder_attn_layer_norm", layer.res2.norm),
-                         ("fc1", layer.ffn.fc1), ("fc2", layer.ffn.fc2),
-                         ("final_layer_norm", layer.res3.norm)):
-            copy(f"{p}.{dst}", src)
+    put(OUTPUT_BIAS, bias.reshape(1, -1))
+    for marian, nmt, fused in layer_modules(model.cfg):
+        module = model.get_submodule(nmt)
+        for part in PARTS:
+            names = marian_names(marian, fused, part)
+            for name, t in zip(names, getattr(module, part).chunk(len(names))):
+                put(name, t)
     return out
-
-
-def marian_config(cfg, vocab_size: int) -> dict:
-    """config.json: a MarianConfig of the model."""
-    return {
-        "architectures": ["MarianMTModel"], "model_type": "marian",
-        "vocab_size": vocab_size, "decoder_vocab_size": vocab_size, "d_model": cfg.d_model,
-        "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
-        "encoder_attention_heads": cfg.heads, "decoder_attention_heads": cfg.heads,
-        "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff,
-        "activation_function": cfg.activation, "scale_embedding": cfg.scale_embedding,
-        "max_position_embeddings": cfg.max_positions, "dropout": cfg.dropout,
-        "attention_dropout": cfg.attention_dropout,
-        "activation_dropout": cfg.activation_dropout, "init_std": 0.02,
-        "pad_token_id": PAD, "eos_token_id": EOS, "forced_eos_token_id": EOS,
-        "bos_token_id": None, "decoder_start_token_id": cfg.start_id,
-        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": cfg.tie_output,
-        "is_encoder_decoder": True, "use_cache": True, "dtype": "float32",
-        MARK: positions_mark(cfg),
-    }
 
 
 def is_hf_export(d: Path) -> bool:
@@ -215,5 +177,4 @@ def export_huggingface(ckpt: dict, dest: Path, name: str) -> Path:
     return dest
 
 
-__all__ = ["export_huggingface", "check_hf_exportable", "hf_state_dict", "marian_config",
-           "generation_config"]
+__all__ = ["export_huggingface", "check_hf_exportable", "hf_state_dict", "generation_config"]

@@ -1,9 +1,9 @@
 """fairseq Transformer args -> nmt ModelConfig, and its weights -> nmt's parameter names.
 
 Every fairseq option that changes what the model computes at inference either maps to a
-ModelConfig field or is refused with one line naming it. Options that only act in training
-(layerdrop, quant noise, checkpoint activations, alignment supervision) change no weight and
-no translation, so they are accepted.
+ModelConfig field or is refused, with one line naming every such option the model sets.
+Options that only act in training (layerdrop, quant noise, checkpoint activations, alignment
+supervision) change no weight and no translation, so they are accepted.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from nmt.errors import NmtError
-from nmt.importers.common import permute_rows, probability
+from nmt.interop.common import permute_rows, probability, refuse
 from nmt.specials import BOS, EOS, PAD, UNK
 
 # fairseq's transformer family: one model class, these presets (same modules, other sizes).
@@ -63,11 +63,6 @@ SIZES = ("encoder_embed_dim", "encoder_layers", "decoder_layers", "encoder_ffn_e
          "encoder_attention_heads")
 
 
-def refuse(option: str, what: str) -> NmtError:
-    return NmtError(f"cannot import this fairseq model: {what} ({option}) has no exact "
-                    f"equivalent in nmt")
-
-
 def _set(value: Any) -> bool:
     return value not in (None, False, 0, "", "None", "none", "0") and value != []
 
@@ -79,34 +74,17 @@ def model_fields(args: Mapping[str, Any]) -> dict:
     if arch not in TRANSFORMER_ARCHS:
         raise NmtError(f"cannot import fairseq architecture '{arch}': nmt imports the "
                        f"transformer family ({', '.join(sorted(TRANSFORMER_ARCHS))})")
-    for option, what in UNSUPPORTED.items():
-        if _set(args.get(option)):
-            raise refuse(option, what)
     missing = [k for k in SIZES if not isinstance(args.get(k), int)]
     if missing:
         raise NmtError(f"not a fairseq transformer's arguments: no {', '.join(missing)}")
     d = args["encoder_embed_dim"]
-    for a, b in (("encoder_embed_dim", "decoder_embed_dim"),
-                 ("decoder_embed_dim", "decoder_input_dim"),
-                 ("decoder_embed_dim", "decoder_output_dim"),
-                 ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim"),
-                 ("encoder_attention_heads", "decoder_attention_heads"),
-                 ("encoder_normalize_before", "decoder_normalize_before"),
-                 ("encoder_learned_pos", "decoder_learned_pos")):
-        if args.get(b, args.get(a)) != args.get(a):
-            raise refuse(f"{a}={args.get(a)}, {b}={args.get(b)}", "encoder and decoder differing")
     pre_norm = bool(args.get("encoder_normalize_before", False))
-    if pre_norm and _set(args.get("no_decoder_final_norm")):
-        raise refuse("no_decoder_final_norm", "a pre-norm decoder without its final LayerNorm")
     act = args.get("activation_fn", "relu")
-    if act not in ACTIVATIONS:
-        raise refuse(f"activation_fn={act}", f"the {act} activation")
     learned = bool(args.get("encoder_learned_pos", False))
     src_pos = int(args.get("max_source_positions") or 1024)
     tgt_pos = int(args.get("max_target_positions") or 1024)
-    if learned and src_pos != tgt_pos:
-        raise refuse(f"max_source_positions={src_pos}, max_target_positions={tgt_pos}",
-                     "learned position tables of different sizes")
+    refuse("cannot import this fairseq model (no exact equivalent in nmt)",
+           unsupported(args, pre_norm, act, (src_pos, tgt_pos) if learned else None))
     where = "the fairseq checkpoint"
     dropout = probability(args.get("dropout", 0.1), "dropout", where)
     return dict(
@@ -133,6 +111,34 @@ def model_fields(args: Mapping[str, Any]) -> dict:
         # short source can translate to nothing, which fairseq never outputs).
         beam=5, lenpen=1.0, lenpen_formula="fairseq", max_len_a=0.0,
         max_len_b=min(200, tgt_pos - 1), min_len=1)
+
+
+def unsupported(args: Mapping[str, Any], pre_norm: bool, act: Any,
+                learned_positions: tuple[int, int] | None) -> list[str]:
+    """What a fairseq transformer's ``args`` make it compute that nmt does not, each named
+    with the options that say so (``learned_positions``: the source and target tables' rows,
+    None for sinusoids)."""
+    problems = [f"{what} ({option})" for option, what in UNSUPPORTED.items()
+                if _set(args.get(option))]
+    for a, b in (("encoder_embed_dim", "decoder_embed_dim"),
+                 ("decoder_embed_dim", "decoder_input_dim"),
+                 ("decoder_embed_dim", "decoder_output_dim"),
+                 ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim"),
+                 ("encoder_attention_heads", "decoder_attention_heads"),
+                 ("encoder_normalize_before", "decoder_normalize_before"),
+                 ("encoder_learned_pos", "decoder_learned_pos")):
+        if args.get(b, args.get(a)) != args.get(a):
+            problems.append(f"encoder and decoder differing ({a}={args.get(a)}, "
+                            f"{b}={args.get(b)})")
+    if pre_norm and _set(args.get("no_decoder_final_norm")):
+        problems.append("a pre-norm decoder without its final LayerNorm "
+                        "(no_decoder_final_norm)")
+    if act not in ACTIVATIONS:
+        problems.append(f"the {act} activation (activation_fn={act})")
+    if learned_positions and learned_positions[0] != learned_positions[1]:
+        problems.append("learned position tables of different sizes (max_source_positions="
+                        "{}, max_target_positions={})".format(*learned_positions))
+    return problems
 
 
 class _Source:
@@ -240,4 +246,5 @@ def layer_weight(src: _Source, key: str) -> torch.Tensor:
     return table[module]()
 
 
-__all__ = ["model_fields", "nmt_state", "layer_weight", "_Source", "refuse", "UNSUPPORTED"]
+__all__ = ["model_fields", "nmt_state", "layer_weight", "_Source", "unsupported",
+           "UNSUPPORTED"]

@@ -1,6 +1,7 @@
-"""What every importer needs: reading foreign files safely, nmt dictionaries from foreign
-vocabularies (nmt's specials at ids 0-3, the other symbols in the foreign order), rows permuted
-to match, and the checkpoint written atomically.
+"""What the importers and exporters share: reading foreign files safely, nmt dictionaries from
+foreign vocabularies (nmt's specials at ids 0-3, the other symbols in the foreign order), rows
+permuted to match, the checkpoint written atomically, and the one-line refusal that names
+every setting the other side cannot hold (:func:`refuse`).
 
 Nothing read here runs code from a file: JSON is JSON, weights come through ``safetensors`` or
 ``torch.load(weights_only=True)``, whose restricted unpickler refuses any global it does not
@@ -80,12 +81,28 @@ def check_float_weights(weights: Mapping[str, torch.Tensor], path: Path) -> None
         raise NmtError(f"{path}: weights that are not floating point: {shown}{more}")
 
 
+def refuse(what: str, problems: Sequence[str], sep: str = ": ") -> None:
+    """One one-line NmtError, ``what: first; second; ...``, naming every problem found (as
+    CTranslate2's converters do) rather than the first alone, so that one run tells all
+    that stands in the way; nothing when ``problems`` is empty."""
+    if problems:
+        raise NmtError(f"{what}{sep}{'; '.join(problems)}")
+
+
+def probability_problem(value, key: str) -> str | None:
+    """Why ``value``, the ``key`` of a foreign configuration, is no dropout rate (a number in
+    [0, 1]); None when it is one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return f"{key} is {value!r}, not a probability between 0 and 1"
+    return None
+
+
 def probability(value, key: str, where: str) -> float:
     """A dropout rate from a foreign configuration: a number in [0, 1], else a one-line
     NmtError naming ``key`` in ``where`` (a rate of "lots" was an internal error)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise NmtError(f"{where}: cannot import: {key} is {value!r}, not a probability "
-                       f"between 0 and 1")
+    problem = probability_problem(value, key)
+    if problem:
+        raise NmtError(f"{where}: cannot import: {problem}")
     return float(value)
 
 
@@ -234,4 +251,4 @@ def named_errors(path: str | os.PathLike, build):
 
 
 __all__ = ["named_errors", "ABSENT_LOGIT", "read_json", "load_safetensors", "load_torch_weights",
-           "nmt_dictionary", "permute_rows", "check_output"]
+           "nmt_dictionary", "permute_rows", "check_output", "refuse", "probability"]
