@@ -339,7 +339,7 @@ def test_export_accepts_generates_precision_names(f, tmp_path):
     r = subprocess.run(["nmt-export", f["ckpt"], str(tmp_path / "x"), "--precision", "int8",
                         "--quantization", "float32"], capture_output=True, text=True, env=ENV,
                        timeout=120)
-    error_line("nmt-export", r.returncode, r.stderr, "--precision int8", "--quantization float32")
+    error_line("nmt-export", r.returncode, r.stderr, "int8 and float32", "one weight type")
     assert r.returncode == 2 and not (tmp_path / "x").exists()
 
 

@@ -24,8 +24,8 @@ from nmt.errors import UsageError
 from nmt.interop.ctranslate2 import FORMATS, QUANTIZATIONS, export_model
 from nmt.io import print_line
 
-# nmt-generate's --precision names of the weight types that CTranslate2 has.
-PRECISION_NAMES = {"fp32": "float32", "int8": "int8"}
+# nmt-generate's --precision name of a weight type that CTranslate2 calls otherwise.
+PRECISION_NAMES = {"fp32": "float32"}
 
 
 @click.command(cls=Command, prog="nmt-export",
@@ -36,21 +36,21 @@ PRECISION_NAMES = {"fp32": "float32", "int8": "int8"}
               show_default=True,
               help="What to export to: a CTranslate2 model directory, or a transformers "
                    "Marian directory (MarianMTModel, MarianTokenizer).")
-@click.option("--quantization", type=click.Choice(list(QUANTIZATIONS)), default=None,
+@click.option("--quantization", "--precision", "quantization",
+              type=click.Choice([*QUANTIZATIONS, *PRECISION_NAMES]), multiple=True,
               help="Weight type: float32 translates as nmt does (greedy decoding: token for "
                    "token); int8 and int8_float32 (the same for these models: 8-bit weights, "
                    "float32 for the rest) are faster and about 3.5 times smaller, with "
-                   "slightly different translations.  [default: float32]")
-@click.option("--precision", type=click.Choice(list(PRECISION_NAMES)), default=None,
-              help="The same in nmt-generate's words: fp32 is --quantization float32, int8 "
-                   "is --quantization int8.")
+                   "slightly different translations. --precision is the same option under "
+                   "nmt-generate's name, which also takes its spelling fp32 for float32.  "
+                   "[default: float32]")
 @click.option("--overwrite", is_flag=True,
               help="Replace OUT if it is a model directory nmt-export wrote (any other "
                    "non-empty directory is refused), as --overwrite does in every nmt command.")
 @click.option("--force", is_flag=True, hidden=True, help="The old name of --overwrite.")
 @log_options
 @handle_errors("nmt-export")
-def main(checkpoint, out, fmt, quantization, precision, overwrite, force, verbose, quiet):
+def main(checkpoint, out, fmt, quantization, overwrite, force, verbose, quiet):
     """Export checkpoint CKPT ('-': the path piped on stdin, as nmt-train prints it) to the
     model directory OUT. README.txt in OUT says how to tokenize, translate and detokenize with
     CTranslate2 as nmt-generate does."""
@@ -58,20 +58,20 @@ def main(checkpoint, out, fmt, quantization, precision, overwrite, force, verbos
     if force:
         logging.getLogger("nmt").warning("--force is the old name of --overwrite; it still works")
         overwrite = True
-    quantization = _quantization(quantization, precision)
+    quantization = _quantization(quantization)
     if checkpoint == "-":
         checkpoint = read_path_from_stdin("checkpoint")
     dest = export_model(checkpoint, out, format=fmt, quantization=quantization, force=overwrite)
     print_line(str(dest))
 
 
-def _quantization(quantization: str | None, precision: str | None) -> str:
-    """--quantization, or --precision in its words; both only when they agree."""
-    named = PRECISION_NAMES.get(precision) if precision else None
-    if named and quantization and named != quantization:
-        raise UsageError(f"--precision {precision} (--quantization {named}) contradicts "
-                         f"--quantization {quantization}: give one of them")
-    return quantization or named or "float32"
+def _quantization(given: tuple[str, ...]) -> str:
+    """The one weight type that --quantization/--precision name (given twice: the same)."""
+    named = sorted({PRECISION_NAMES.get(q, q) for q in given})
+    if len(named) > 1:
+        raise UsageError(f"--quantization (or --precision) given as {' and '.join(given)}: "
+                         f"give one weight type")
+    return named[0] if named else "float32"
 
 
 if __name__ == "__main__":
