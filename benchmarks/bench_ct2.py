@@ -71,7 +71,8 @@ def child(args) -> None:
         t0 = time.perf_counter()
         hyps = decode(lines)
         wall = time.perf_counter() - t0
-        results.append({"batching": batching, "wall": wall, "tokens": count()})
+        results.append({"batching": batching or ["tokens", decode.max_tokens],
+                        "wall": wall, "tokens": count()})
     Path(args.hyp).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(json.dumps({"results": results, "walls": [r["wall"] for r in results],
                       "rss_mb": peak_rss_mb()}))
@@ -114,6 +115,7 @@ def _nmt(args):
         results = t.translate_results(lines)
         tokens["n"] = sum(len(r.hypotheses[0].ids) - 1 for r in results if r.hypotheses)
         return [r.text for r in results]
+    decode.max_tokens = t.max_tokens        # the batch its defaults chose
     return decode, lambda: tokens["n"]
 
 
@@ -236,7 +238,7 @@ def main(argv=None) -> int:
                 f"{env_name}, {batching[1]} {batching[0]}"
                 + (", nmt's search" if engine == "ct2-search" else "")
                 if engine.startswith("ct2") else
-                f"defaults ({max(SEARCH_TOKENS // beam, 256)} source tokens per batch)"
+                f"defaults ({row['results'][-1]['batching'][1]} source tokens per batch)"
                 + (f", {env_name}" if engine == "nmt-ct2" else ""))}
     n = sum(1 for _ in open(args.input, encoding="utf-8"))
     report = {"command": "python benchmarks/bench_ct2.py " + " ".join(argv or sys.argv[1:]),

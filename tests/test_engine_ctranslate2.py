@@ -122,6 +122,27 @@ def test_the_length_limit_and_min_len_are_nmts(trained):
         assert same >= share * len(lines), (search, [(g, r) for g, r in zip(got, ref) if g != r])
 
 
+def test_greedy_at_the_length_limit_scores_nmts_forced_eos(trained, monkeypatch):
+    """Limits that differ within a batch, short enough that most lines reach theirs: each
+    output is nmt's and so is its score, the forced eos's log-probability included (one
+    scoring pass in CTranslate2, not a decoding call per limit)."""
+    lines = [line for line in sample_lines() if line.strip()][:60]
+    search = SearchConfig(beam=1, max_len_a=0.5, max_len_b=1)
+    got = Translator.from_checkpoint(trained, search=search, engine="ctranslate2",
+                                     threads=1).translate_results(lines)
+    normalize_as_ctranslate2(monkeypatch)
+    translator = Translator.from_checkpoint(trained, search=search)
+    ref = translator.translate_results(lines)
+    at_limit = 0
+    for g, r, line in zip(got, ref, lines):
+        limit = int(0.5 * len(translator.src_codec.encode(line)) + 1)
+        at_limit += len(r.hypotheses[0].ids) - 1 == limit
+        assert g.hypotheses[0].ids == r.hypotheses[0].ids, line
+        # float32 sums in two libraries: about 1e-4 of the score apart
+        assert g.hypotheses[0].score == pytest.approx(r.hypotheses[0].score, rel=1e-3), line
+    assert at_limit >= len(lines) // 2, at_limit
+
+
 # --- the cache ------------------------------------------------------------------------------
 
 def test_converted_once_cached_beside_and_renewed_when_the_checkpoint_changes(

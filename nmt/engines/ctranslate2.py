@@ -28,11 +28,12 @@ exactly as nmt does:
   seconds it can change a few beam outputs;
 - the length limit ``floor(a * source length + b)``: a batch is one ``translate_batch``
   call up to its longest limit, and a sentence whose search reached its own limit is decoded
-  again with it; ``--min-len``, ``--no-repeat-ngram-size``, ``--unkpen inf``.
+  again with it (greedy: cut to it, its forced ``</s>`` scored in one ``score_batch`` pass);
+  ``--min-len``, ``--no-repeat-ngram-size``, ``--unkpen inf``.
 
 Where a hypothesis reaches the length limit, CTranslate2 ends it there and nmt forces a
-``</s>`` and counts its probability: greedy output is the same (only the score lacks that
-probability), beam search may rank such a hypothesis otherwise. Below the best hypothesis,
+``</s>`` and counts its probability: greedy output and scores are nmt's (the forced
+``</s>`` is scored after the search), beam search may rank such a hypothesis otherwise. Below the best hypothesis,
 an n-best list can differ when more than ``beam`` hypotheses finish at one step (CTranslate2
 keeps the ``beam`` most probable, nmt ranks them all by its length penalty). Token scores are
 not given (None).
@@ -350,9 +351,9 @@ class CTranslate2Translator(TranslatorBase):
     def _decode_batch(self, batch, arrays, first_line, prefixes, constraints):
         """One translate_batch call for the whole batch, up to its longest length limit; a
         sentence whose search ran into its own, shorter limit is decoded again with it
-        (CTranslate2's max_decoding_length is one number per call). A search that ended
-        before its limit is the search the limit would have given: its steps never came
-        near it."""
+        (CTranslate2's max_decoding_length is one number per call), or, in greedy search,
+        cut to its limit and given the forced eos. A search that ended before its limit is
+        the search the limit would have given: its steps never came near it."""
         self.check_search(self.search)
         limits = {i: self._limit(arrays[i].size, first_line + i) for i in batch}
         # nmt: with a limit of 0 only eos may follow
@@ -361,16 +362,43 @@ class CTranslate2Translator(TranslatorBase):
         if rows:
             longest = max(limits[i] for i in rows)
             again: dict[int, list[int]] = {}
+            firsts: dict[int, list[int]] = {}      # greedy: the output without its eos
             for i, hyps in zip(rows, self._call(rows, arrays, longest)):
                 # every finished hypothesis: the longest ended the search (when more than a
                 # beam finish at once, one of the last step's is among the beam kept)
-                if any(len(h.tokens) - 1 >= limits[i] for h in hyps) and limits[i] < longest:
+                # (greedy: also at the longest limit, for the forced eos's probability)
+                if any(len(h.tokens) - 1 >= limits[i] for h in hyps) and (
+                        limits[i] < longest or self.search.beam == 1):
                     again.setdefault(limits[i], []).append(i)
+                    firsts[i] = hyps[0].tokens[:-1]
                 else:
                     out[i] = hyps
-            for limit, group in again.items():
-                out.update(zip(group, self._call(group, arrays, limit)))
+            if self.search.beam == 1 and again:
+                # Greedy: before its limit nothing is forced, so a sentence's search with its
+                # own limit is the longer search's first `limit` tokens, then the forced eos:
+                # one scoring pass for all of them instead of a decoding call per limit.
+                group = [i for g in again.values() for i in g]
+                ended = self._end_at(group, arrays, [firsts[i][:limits[i]] for i in group])
+                out.update(zip(group, ended))
+            else:
+                for limit, group in again.items():
+                    out.update(zip(group, self._call(group, arrays, limit)))
         return [out[i][:self.search.nbest] for i in batch]
+
+    def _end_at(self, rows: list[int], arrays, prefixes: list[list[int]]
+                ) -> list[list[_Hypothesis]]:
+        """``prefixes[j]`` (target ids) ended with eos, scored as nmt's search scores a forced
+        eos: the model's log-probabilities of the prefix and of eos after it."""
+        from nmt.search.length_penalty import length_penalty
+
+        src, tgt = self.src_codec.dictionary.symbols, self.tgt_codec.dictionary.symbols
+        results = self.model.score_batch([[src[t] for t in arrays[i]] for i in rows],
+                                         [[tgt[t] for t in p] for p in prefixes],
+                                         max_batch_size=0, max_input_length=0)
+        s = self.search
+        return [[_Hypothesis([*p, EOS], float(sum(r.log_probs))
+                             / length_penalty(len(p) + 1, s.lenpen, s.formula))]
+                for p, r in zip(prefixes, results)]
 
     def _call(self, rows: list[int], arrays, limit: int) -> list[list[_Hypothesis]]:
         """CTranslate2's hypotheses for ``arrays[i]``, i in ``rows``, with at most ``limit``
