@@ -98,9 +98,7 @@ def plan_run(cfg: GenerateConfig, workers: int = 1) -> Plan:
     """The run's Plan, or a one-line UsageError for options that exclude each other."""
     if workers < 1:
         raise UsageError(f"workers must be >= 1, got {workers}")
-    if cfg.split is not None and cfg.input_path is not None:
-        raise UsageError("--split and --input exclude each other: translate a split of the "
-                         "checkpoint's data directory, or a file")
+    check_split(cfg)
     if cfg.split is not None and (cfg.input_format != "text" or cfg.score_reference):
         raise UsageError("--input-format jsonl and --score-reference read --input or stdin, "
                          "not a --split")
@@ -112,6 +110,13 @@ def plan_run(cfg: GenerateConfig, workers: int = 1) -> Plan:
                      or cfg.score_reference or cfg.input_path in (None, "-")
                      or not is_regular_file(cfg.input_path) or is_stream(cfg.output_path))
     return Plan(cfg.split, cfg.score_reference, workers, shard, resumable)
+
+
+def check_split(cfg: GenerateConfig) -> None:
+    """--split and --input exclude each other (a one-line UsageError)."""
+    if cfg.split is not None and cfg.input_path is not None:
+        raise UsageError("--split and --input exclude each other: translate a split of the "
+                         "checkpoint's data directory, or a file")
 
 
 def translate_file(checkpoints: Sequence[str | os.PathLike], cfg: GenerateConfig, *,

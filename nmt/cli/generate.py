@@ -16,7 +16,7 @@ from typing import Sequence
 import click
 
 from nmt.batch.config import GenerateConfig
-from nmt.batch.run import check_output, translate_file
+from nmt.batch.run import check_output, check_split, translate_file
 from nmt.cli.common import (Command, handle_errors, make_progress, read_path_from_stdin,
                             setup_logging, setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
@@ -145,9 +145,7 @@ def _sources(checkpoints: Sequence[str], cfg: GenerateConfig):
     if cfg.input_path == "-":
         raise UsageError("with no CHECKPOINT, stdin holds the checkpoint path; give the "
                          "sentences with --input FILE")
-    if cfg.split is not None and cfg.input_path is not None:
-        raise UsageError("--split and --input exclude each other: translate a split of the "
-                         "checkpoint's data directory, or a file")
+    check_split(cfg)        # before stdin is read
     from nmt.checkpoint import load_checkpoint
 
     path = _checkpoint_from_stdin()

@@ -33,8 +33,8 @@ exactly as nmt does:
 
 Where a hypothesis reaches the length limit, CTranslate2 ends it there and nmt forces a
 ``</s>`` and counts its probability: greedy output and scores are nmt's (the forced
-``</s>`` is scored after the search), beam search may rank such a hypothesis otherwise. Below the best hypothesis,
-an n-best list can differ when more than ``beam`` hypotheses finish at one step (CTranslate2
+``</s>`` is scored after the search), beam search may rank such a hypothesis otherwise.
+Below the best hypothesis, an n-best list can differ when more than ``beam`` hypotheses finish at one step (CTranslate2
 keeps the ``beam`` most probable, nmt ranks them all by its length penalty). Token scores are
 not given (None).
 What CTranslate2 cannot decode as nmt does is refused in one line naming it
@@ -362,42 +362,36 @@ class CTranslate2Translator(TranslatorBase):
         if rows:
             longest = max(limits[i] for i in rows)
             again: dict[int, list[int]] = {}
-            firsts: dict[int, list[int]] = {}      # greedy: the output without its eos
+            cut: dict[int, list[int]] = {}     # greedy: the output's first `limit` tokens
             for i, hyps in zip(rows, self._call(rows, arrays, longest)):
                 # every finished hypothesis: the longest ended the search (when more than a
                 # beam finish at once, one of the last step's is among the beam kept)
-                # (greedy: also at the longest limit, for the forced eos's probability)
-                if any(len(h.tokens) - 1 >= limits[i] for h in hyps) and (
-                        limits[i] < longest or self.search.beam == 1):
+                if not any(len(h.tokens) - 1 >= limits[i] for h in hyps):
+                    out[i] = hyps
+                elif self.search.beam == 1:
+                    # Greedy: before its limit nothing is forced, so the search with its own
+                    # limit is this one's first `limit` tokens, then the forced eos (also at
+                    # the longest limit, for that eos's probability)
+                    cut[i] = hyps[0].tokens[:limits[i]]
+                elif limits[i] < longest:
                     again.setdefault(limits[i], []).append(i)
-                    firsts[i] = hyps[0].tokens[:-1]
                 else:
                     out[i] = hyps
-            if self.search.beam == 1 and again:
-                # Greedy: before its limit nothing is forced, so a sentence's search with its
-                # own limit is the longer search's first `limit` tokens, then the forced eos:
-                # one scoring pass for all of them instead of a decoding call per limit.
-                group = [i for g in again.values() for i in g]
-                ended = self._end_at(group, arrays, [firsts[i][:limits[i]] for i in group])
-                out.update(zip(group, ended))
-            else:
-                for limit, group in again.items():
-                    out.update(zip(group, self._call(group, arrays, limit)))
+            if cut:             # one scoring pass instead of a decoding call per limit
+                out.update(zip(cut, self._end_at(list(cut), arrays, list(cut.values()))))
+            for limit, group in again.items():
+                out.update(zip(group, self._call(group, arrays, limit)))
         return [out[i][:self.search.nbest] for i in batch]
 
     def _end_at(self, rows: list[int], arrays, prefixes: list[list[int]]
                 ) -> list[list[_Hypothesis]]:
         """``prefixes[j]`` (target ids) ended with eos, scored as nmt's search scores a forced
         eos: the model's log-probabilities of the prefix and of eos after it."""
-        from nmt.search.length_penalty import length_penalty
-
         src, tgt = self.src_codec.dictionary.symbols, self.tgt_codec.dictionary.symbols
         results = self.model.score_batch([[src[t] for t in arrays[i]] for i in rows],
                                          [[tgt[t] for t in p] for p in prefixes],
                                          max_batch_size=0, max_input_length=0)
-        s = self.search
-        return [[_Hypothesis([*p, EOS], float(sum(r.log_probs))
-                             / length_penalty(len(p) + 1, s.lenpen, s.formula))]
+        return [[self._nmt_scored([*p, EOS], sum(r.log_probs))]
                 for p, r in zip(prefixes, results)]
 
     def _call(self, rows: list[int], arrays, limit: int) -> list[list[_Hypothesis]]:
@@ -423,11 +417,14 @@ class CTranslate2Translator(TranslatorBase):
         return out
 
     def _scored(self, tokens: list[str], score: float, index) -> _Hypothesis:
+        return self._nmt_scored([index(t) for t in tokens] + [EOS], score)
+
+    def _nmt_scored(self, ids: list[int], log_prob: float) -> _Hypothesis:
+        """``ids`` (ending with eos) and their log-probability, scored by nmt's formula."""
         from nmt.search.length_penalty import length_penalty
 
-        ids = [index(t) for t in tokens] + [EOS]
         s = self.search
-        return _Hypothesis(ids, float(score) / length_penalty(len(ids), s.lenpen, s.formula))
+        return _Hypothesis(ids, float(log_prob) / length_penalty(len(ids), s.lenpen, s.formula))
 
 
 def _ct2_device(ct2, device: str | None) -> tuple[str, int]:
