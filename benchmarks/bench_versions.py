@@ -85,7 +85,7 @@ def run_train_child(tree: Path, args, extra: list[str]) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench_train.py"), args.train,
            "--arch", args.arch, "--warm-updates", str(args.warm_updates), "--updates",
            str(args.updates), "--threads", str(args.threads),
-           *(x for o in args.override for x in ("-o", o)), *extra]
+           *(x for o in args.override for x in ("--override", o)), *extra]
     return child_result(tree, args.threads, cmd)
 
 

@@ -214,7 +214,7 @@ def apply_overrides(cfg: ModelConfig, overrides: Mapping[str, Any],
         targets = ALIASES.get(key, (key,))
         for t in targets:
             if t == "arch" and source == "override":
-                # the preset's name, a label: -o arch=X would only rename the model
+                # the preset's name, a label: --override arch=X would only rename the model
                 raise UsageError(f"'{key}' is not an override: choose the preset with --arch")
             if t not in names:
                 raise UsageError(f"unknown {source} key '{key}'{suggest(key, config_keys())}; "

@@ -134,8 +134,8 @@ def test_model_right_after_initialization_is_the_checkpoint(env, tmp_path):
 def test_regularization_may_change_from_an_averaged_checkpoint(env, tmp_path):
     save = tmp_path / "ft"
     code, _, err = cli([env["new"], "--init-from", str(env["avg"]), *FT, "--max-update", "1",
-                        "--arch", "transformer_tiny", "-o", "dropout=0.3",
-                        "-o", "attention_dropout=0.1", "-o", "label_smoothing=0",
+                        "--arch", "transformer_tiny", "--override", "dropout=0.3",
+                        "--override", "attention_dropout=0.1", "--override", "label_smoothing=0",
                         "--save-dir", str(save)])
     assert code == 0, err
     assert "an average of 2 checkpoints" in err
@@ -148,8 +148,8 @@ def test_regularization_may_change_from_an_averaged_checkpoint(env, tmp_path):
 
 @pytest.mark.parametrize("extra,expected", [
     (["--arch", "transformer_small"], "--arch transformer_small contradicts"),
-    (["-o", "heads=2"], "(asked vs saved: heads 2 vs 4)"),
-    (["-o", "layers=3", "-o", "dropout=0.2"], "encoder_layers 3 vs 2; decoder_layers 3 vs 2"),
+    (["--override", "heads=2"], "(asked vs saved: heads 2 vs 4)"),
+    (["--override", "layers=3", "--override", "dropout=0.2"], "encoder_layers 3 vs 2; decoder_layers 3 vs 2"),
     (["--no-share-all-embeddings"], "--no-share-all-embeddings contradicts"),
 ])
 def test_a_contradicting_model_option_is_one_line(env, tmp_path, extra, expected):

@@ -95,7 +95,7 @@ def test_resume_with_another_model_names_the_difference(dirs, tmp_path):
     save = tmp_path / "ckpt"
     code, _, err = cli([dirs["a"], *TINY, "--max-update", "2", "--save-dir", str(save)])
     assert code == 0, err
-    code, out, err = cli([dirs["a"], *TINY, "-o", "dropout=0.3", "--max-update", "4",
+    code, out, err = cli([dirs["a"], *TINY, "--override", "dropout=0.3", "--max-update", "4",
                           "--save-dir", str(save)])
     assert code == 1 and out == ""
     line = err.strip()
@@ -125,6 +125,6 @@ def test_checkpoint_from_an_older_nmt_resumes(dirs, tmp_path):
     assert code == 0, err
     assert load_checkpoint(save / "checkpoint_last.pt")["progress"]["update"] == 4
     # another configuration is still refused, and named as before
-    code, _, err = cli([dirs["a"], *TINY, "-o", "dropout=0.3", "--max-update", "6",
+    code, _, err = cli([dirs["a"], *TINY, "--override", "dropout=0.3", "--max-update", "6",
                         "--save-dir", str(save)])
     assert code == 1 and "another model configuration (dropout 0.1 vs 0.3)" in err

@@ -26,7 +26,8 @@ def data_dir(tmp_path_factory):
 
 def test_pipeline_stdin_to_one_stdout_line(data_dir, tmp_path):
     save = tmp_path / "ckpt"
-    r = run(["nmt-train", "--arch", "transformer_tiny", "-o", "dropout=0.2", "--max-tokens", "100",
+    r = run(["nmt-train", "--arch", "transformer_tiny", "--override", "dropout=0.2",
+             "--max-tokens", "100",
              "--max-update", "6", "--save-dir", str(save), "--save-interval-updates", "2",
              "--average-last", "2", "--log-interval", "2", "--warmup", "4", "--threads", "1",
              "--valid-bleu"], stdin=data_dir + "\n")
@@ -67,25 +68,29 @@ def test_average_mode(data_dir, tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["/nonexistent/data"], "no such data directory"),
     (["DATA", "--arch", "transformer_huge"], "unknown architecture 'transformer_huge'"),
-    (["DATA", "-o", "dropuot=0.3"], "unknown override key 'dropuot'"),
-    (["DATA", "-o", "dropout=lots"], "expected float"),
+    (["DATA", "--override", "dropuot=0.3"], "unknown override key 'dropuot'"),
+    (["DATA", "--override", "dropout=lots"], "expected float"),
     (["DATA"], "stopping criterion"),
     (["DATA", "--max-update", "1", "--precision", "fp16", "--device", "cpu"], "needs a CUDA"),
     (["DATA", "--max-update", "1", "--max-time", "soon"], "--max-time"),
     (["--average", "/nonexistent.pt", "--output", "x.pt"], "no such checkpoint"),
     # modes that train nothing took training options and overrides, unknown keys too
-    (["--average", "a.pt", "--output", "x.pt", "-o", "nonsense=1", "--max-update", "7"],
-     "--average trains nothing: --max-update, -o would be ignored"),
+    (["--average", "a.pt", "--output", "x.pt", "--override", "nonsense=1", "--max-update", "7"],
+     "--average trains nothing: --max-update, --override would be ignored"),
+    (["--list-archs", "--override", "dropout=0.5"],
+     "--list-archs trains nothing: --override would be"),
     (["--list-archs", "-o", "dropout=0.5"], "--list-archs trains nothing: -o would be"),
+    (["DATA", "-o", "dropout=0.2", "--override", "heads=2"],
+     "-o and --override both given: write every override as --override"),
     # given with its default value: still given, still ignored
     (["--average", "a.pt", "--output", "x.pt", "--max-update", "0", "--device", "auto"],
      "--average trains nothing: --max-update, --device would be ignored"),
     (["--list-archs", "--no-resume"], "--list-archs trains nothing: --resume/--no-resume would"),
-    # -o arch=X only renamed the model
-    (["DATA", "--max-update", "1", "-o", "arch=transformer_big"],
+    # --override arch=X only renamed the model
+    (["DATA", "--max-update", "1", "--override", "arch=transformer_big"],
      "'arch' is not an override: choose the preset with --arch"),
     # a negative length limit trained, then nmt-generate refused the checkpoint
-    (["DATA", "--max-update", "1", "-o", "max_len_b=-100"], "max_len_b must be >= 0"),
+    (["DATA", "--max-update", "1", "--override", "max_len_b=-100"], "max_len_b must be >= 0"),
     (["DATA", "--max-update", "1", "--max-sentences", "-3"], "--max-sentences must be >= 1"),
     (["DATA", "--max-update", "1", "--validate-interval-updates", "-1"],
      "--validate-interval-updates must be >= 1"),
@@ -103,6 +108,14 @@ def test_bad_input_gives_one_line_error(data_dir, tmp_path, args, needle):
     assert len(err) == 1 and err[0].startswith("nmt-train: error:"), stderr
     assert needle in err[0], err[0]
     assert stdout == ""
+
+
+def test_old_short_override_still_works_and_says_so(data_dir, tmp_path):
+    code, stdout, stderr = cli(["--save-dir", str(tmp_path / "s"), data_dir, "--max-update", "1",
+                                "-o", "dropuot=0.3"])
+    assert code != 0 and stdout == ""
+    assert "-o is the old name of --override" in stderr
+    assert "unknown override key 'dropuot'" in stderr.strip().splitlines()[-1]
 
 
 def test_bad_input_through_the_console_script(tmp_path):

@@ -77,7 +77,7 @@ if [ "$tiny" = 1 ]; then
   splits=(--split train=0001-0003 --split valid=0001-0003 --split test=0001-0003)
   arch=transformer_tiny; max_update="${max_update:-6}"; warmup=4
   vocab_opts=(--vocab-size 16000)
-  model_opts=(-o dropout=0.2 -o attention_dropout=0.2)
+  model_opts=(--override dropout=0.2 --override attention_dropout=0.2)
   train_opts=(--max-tokens 512 --save-interval-updates 2 --keep-last 1 --device cpu --threads 1)
   gen_opts=(--device cpu --threads 1)
 elif [ "$sample" = 1 ]; then
@@ -103,7 +103,7 @@ elif [ "$sample" = 1 ]; then
   prep_opts=(--leaves words --signatures 2)
   src=sig
   vocab_opts=(--joined-dictionary --threshold 4)
-  model_opts=(-o dropout=0.3 -o attention_dropout=0.2)
+  model_opts=(--override dropout=0.3 --override attention_dropout=0.2)
   # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
   # A fixed 6,250 updates (the end of the 7th cosine cycle below), not a time cap: the same
@@ -133,7 +133,7 @@ else
   splits=(--split train=0200-2199 --split valid=2200-2299 --split test=2300-2399)
   arch=transformer_parse; warmup=16000; max_update="${max_update:-30000}"
   vocab_opts=(--vocab-size 16000)
-  model_opts=(-o dropout=0.2 -o attention_dropout=0.2)
+  model_opts=(--override dropout=0.2 --override attention_dropout=0.2)
   # ~25000 tokens per update as the base translation model: 3125 per GPU x update-freq.
   update_freq=$(( (8 + gpus - 1) / gpus ))
   train_opts=(--max-tokens 3125 --update-freq "$update_freq" --save-interval-updates 1000

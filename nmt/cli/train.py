@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from nmt.cli.common import (Command, console, handle_errors, make_progress, read_path_from_stdin,
+from nmt.cli.console import (Command, console, handle_errors, make_progress, read_path_from_stdin,
                             setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError, UsageError
@@ -53,8 +53,7 @@ def _training_options_given(names: set[str]) -> list[str]:
     from click.core import ParameterSource
 
     ctx = click.get_current_context()
-    return ["-o" if p.name == "overrides" else "/".join([max(p.opts, key=len),
-                                                         *p.secondary_opts])
+    return ["/".join([max(p.opts, key=len), *p.secondary_opts])
             for p in ctx.command.params if p.name in names
             and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT,
                                                          ParameterSource.DEFAULT_MAP, None)]
@@ -65,9 +64,12 @@ def _training_options_given(names: set[str]) -> list[str]:
                                  "max_content_width": 100})
 @click.argument("inputs", nargs=-1, type=click.Path(), metavar="[DATA_DIR | --average CKPT...]")
 @config_options(TrainConfig)
-@click.option("--override", "-o", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Change a model hyperparameter, e.g. -o dropout=0.3 -o layers=4 "
-                   "(repeatable; unknown keys are an error).")
+@click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Change a model hyperparameter, e.g. --override dropout=0.3 --override "
+                   "layers=4 (repeatable; unknown keys are an error).")
+# -o was --override's short name; in every other command -o is --output. Still accepted here,
+# hidden, with a warning, so that existing scripts keep working.
+@click.option("-o", "old_overrides", multiple=True, hidden=True, metavar="KEY=VALUE")
 @click.option("--list-archs", is_flag=True,
               help="Print a table of the architectures with parameter counts and exit.")
 @click.option("--vocab-size", default=37000, show_default=True, type=int,
@@ -78,8 +80,8 @@ def _training_options_given(names: set[str]) -> list[str]:
 @click.option("--output", type=click.Path(), help="Output checkpoint of --average.")
 @runtime_options("train")
 @handle_errors("nmt-train")
-def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device, precision,
-         threads, verbose, quiet, **options):
+def main(inputs, overrides, old_overrides, list_archs, vocab_size, average_mode, output, device,
+         precision, threads, verbose, quiet, **options):
     """Train a Transformer on DATA_DIR (from nmt-preprocess; read from stdin when omitted).
 
     \b
@@ -115,6 +117,9 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     in use stops at once, naming the running one's PID.
     """
     setup_runtime(verbose, quiet, threads)
+    if old_overrides and overrides:
+        raise UsageError("-o and --override both given: write every override as "
+                         "--override KEY=VALUE")
     if options.get("user_dir"):
         from nmt.plugins import load_user_dir
 
@@ -122,7 +127,7 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
     if list_archs or average_mode:
         # These modes train nothing: a training option or -o given with them would be ignored.
         given = _training_options_given(set(options) - {"user_dir"}
-                                        | {"overrides", "device", "precision"})
+                                        | {"overrides", "old_overrides", "device", "precision"})
         if given:
             raise UsageError(f"{'--list-archs' if list_archs else '--average'} trains nothing: "
                              f"{', '.join(given)} would be ignored; leave "
@@ -140,6 +145,10 @@ def main(inputs, overrides, list_archs, vocab_size, average_mode, output, device
                          f"(use --average to average checkpoints)")
     from nmt.config import parse_overrides
 
+    if old_overrides:
+        logging.getLogger("nmt").warning("-o is the old name of --override; it still works "
+                                         "(in the other commands -o is --output)")
+        overrides = old_overrides
     cfg = build_config(TrainConfig, options, overrides=parse_overrides(overrides),
                        device=device, precision=precision)
     cfg.check_machine()     # precision, arch, device: fail before reading stdin or data

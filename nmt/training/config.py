@@ -1,6 +1,6 @@
 """``TrainConfig``: every option of a training run that is not the model, written once.
 
-Each field carries its default and its help (``nmt.options.option``); ``nmt-train`` builds its
+Each field carries its default and its help (``nmt.fields.option``); ``nmt-train`` builds its
 command-line options from these fields, and the config is saved in every checkpoint.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from nmt.config import CHOICES
 from nmt.errors import UsageError
 from nmt.metrics.table import VALIDATION_METRICS as METRICS
-from nmt.options import option
+from nmt.fields import option
 from nmt.search.config import PRESET_FIELDS, SearchConfig
 
 OPTIMIZERS = ("adam", "adamw")
@@ -52,7 +52,7 @@ class TrainConfig:
     arch: str | None = option(None, "Registered architecture (see --list-archs) [default: "
                               f"{DEFAULT_ARCH}; with --init-from, the checkpoint's].",
                               short="-a")
-    overrides: dict = option(None, "Change a model hyperparameter, e.g. -o dropout=0.3 -o "
+    overrides: dict = option(None, "Change a model hyperparameter, e.g. --override dropout=0.3 -o "
                              "layers=4 (repeatable; unknown keys are an error).", cli=False)
     user_dir: str | None = option(
         None, "Import this folder (a package with an __init__.py) or .py file first: it "
