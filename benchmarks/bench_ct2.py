@@ -206,7 +206,7 @@ def main(argv=None) -> int:
         args.engine = args.child
         child(args)
         return 0
-    from nmt.interop.ctranslate2 import export_model
+    from nmt.interop.ct2_export import export_model
 
     tmp = tempfile.TemporaryDirectory()
     work = Path(tmp.name)

@@ -136,7 +136,7 @@ def pieces_of(proto: bytes, v: int) -> list[str]:
 def prepare(work: Path, size: dict, n: int, seed: int) -> dict:
     """The Marian directory, the nmt checkpoint, the CTranslate2 directories and the sources
     (lists of pieces), all under ``work``; returns their paths."""
-    from nmt.interop.ctranslate2 import export_model
+    from nmt.interop.ct2_export import export_model
     from nmt.interop.hf_import import import_huggingface
 
     hf_dir = work / "marian"

@@ -116,7 +116,7 @@ def timed_updates(run, warm: int, timed: int) -> tuple[float, float, int]:
     """
     import torch
 
-    from nmt.data.batching import collate
+    from nmt.data.buckets import collate
 
     cuda = run.device.type == "cuda"
     flops, ntok, t0 = 0.0, 0, time.perf_counter()
@@ -264,7 +264,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from nmt.cli.common import setup_logging
+    from nmt.cli.console import setup_logging
     from nmt.training.loop import Run, TrainConfig
 
     setup_logging(quiet=True)

@@ -90,7 +90,7 @@ def measure(args: argparse.Namespace, ckpts: list, lines: list[str]) -> dict[str
     from nmt.perf import keep_freed_memory
     from nmt.search.translator import BatchConfig, SearchConfig, Translator
 
-    keep_freed_memory()                       # as nmt-generate runs (nmt.cli.common)
+    keep_freed_memory()                       # as nmt-generate runs (nmt.cli.console)
     torch.set_num_threads(args.threads)
     tr = Translator.from_checkpoint(ckpts, search=SearchConfig(beam=args.beam),
                                     batch=BatchConfig(batch_size=args.batch_size),

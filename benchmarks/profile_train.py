@@ -164,7 +164,7 @@ def instrument(run: Run, phases: Phases) -> None:
 
 def run_updates(run: Run, groups: list, phases: Phases) -> float:
     """Collate and train on each group of sentence ids as nmt-train does; wall seconds."""
-    from nmt.data.batching import collate
+    from nmt.data.buckets import collate
 
     t0 = time.perf_counter()
     for group in groups:
@@ -224,7 +224,7 @@ def update_flops(run: Run, groups: list) -> dict[str, float]:
     batch shapes; the output layer and the loss run on real target tokens only)."""
     import numpy as np
 
-    from nmt.data.batching import PAD, collate
+    from nmt.data.buckets import PAD, collate
 
     cfg, vocab = run.model_cfg, len(run.data.tgt_codec.dictionary)
     out = defaultdict(float)
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
 
-    from nmt.cli.common import setup_logging
+    from nmt.cli.console import setup_logging
     from nmt.perf import keep_freed_memory
 
     keep_freed_memory()                          # as nmt-train does

@@ -143,6 +143,14 @@ def file_key(path: str | os.PathLike) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def file_record(path: str | os.PathLike) -> dict:
+    """What a run records of an input file to tell later whether it is still the same one:
+    its resolved path, size in bytes and modification time (raises OSError when it cannot
+    be read)."""
+    st = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 # --- outputs: never an input, never a file nmt did not write ---------------------------------
 
 def written_record_path(path: str | os.PathLike) -> Path:

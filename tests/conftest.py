@@ -25,7 +25,7 @@ def _clean_nmt_logger() -> None:
 @pytest.fixture(autouse=True)
 def _reset_nmt_logger():
     """CLIs run in-process (CliRunner), also from module-scoped fixtures, install their own
-    handlers on the 'nmt' logger and stop propagation (nmt.cli.common.setup_logging); give every
+    handlers on the 'nmt' logger and stop propagation (nmt.cli.console.setup_logging); give every
     test a plain logger that propagates, so that caplog sees its records."""
     _clean_nmt_logger()
     yield

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from nmt.data.batching import BOS, EOS, PAD, TokenBatchSampler, collate, longest_first
+from nmt.data.buckets import BOS, EOS, PAD, TokenBatchSampler, collate, longest_first
 
 from train_support import FakeData
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from nmt.cli.generate import main as generate_main
 from nmt.cli.preprocess import main as preprocess_main
 from nmt.cli.score import main as score_main
-from nmt.data.workers import decode_all
+from nmt.data.encode_pool import decode_all
 from nmt.io import iter_line_chunks, iter_lines, read_lines, stream_batches
 from test_translator import make_checkpoint, mixed_lines
 

@@ -165,6 +165,24 @@ def test_no_dropout_builds_stay_the_same_build(corpus, tmp_path):
     assert (tmp_path / "bin" / "meta.json").stat().st_mtime_ns == stamp
 
 
+def test_older_records_of_input_files_are_the_same_build(corpus, tmp_path):
+    """Data directories built before input files were recorded as nmt-generate records them
+    name a file's size "bytes": still recognized, nothing rebuilt."""
+    common = ["-s", "en", "-t", "de", "--trainpref", corpus / "train", "--vocab-size", 600,
+              "--destdir", tmp_path / "bin"]
+    run(*common)
+    path = tmp_path / "bin" / "meta.json"
+    meta = json.loads(path.read_text())
+    files = meta["built_from"]["files"]
+    assert files and all("size" in f for f in files.values())
+    for f in files.values():
+        f["bytes"] = f.pop("size")
+    path.write_text(json.dumps(meta))
+    stamp = path.stat().st_mtime_ns
+    run(*common)
+    assert path.stat().st_mtime_ns == stamp
+
+
 @pytest.fixture(scope="module")
 def byte_fallback(corpus, tmp_path_factory):
     dest = tmp_path_factory.mktemp("bytes") / "bin"

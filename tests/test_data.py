@@ -201,7 +201,7 @@ def test_datadir_open_errors(tmp_path):
 
 
 def test_training_sample_is_uniform_and_complete(tmp_path):
-    from nmt.data.preprocess import sample_pairs
+    from nmt.data.prepare import sample_pairs
     (tmp_path / "s.en").write_text("".join(f"{i}\n" for i in range(1000)))
     (tmp_path / "s.de").write_text("".join(f"d{i}\n" for i in range(1000)))
     hits = np.zeros(1000)

@@ -152,12 +152,12 @@ def test_converted_once_cached_beside_and_renewed_when_the_checkpoint_changes(
     assert first.parent == ckpt.parent / engine.CACHE_NAME and entries(ckpt) == [first.name]
     assert (first / "model.bin").is_file() and (first / engine.META).is_file()
 
-    import nmt.interop.ctranslate2
+    import nmt.interop.ct2_export
 
     def no_export(*a, **k):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(nmt.interop.ctranslate2, "export_model", no_export)
+    monkeypatch.setattr(nmt.interop.ct2_export, "export_model", no_export)
     assert engine.converted_model(ckpt) == first          # found, not converted
     monkeypatch.undo()
 
@@ -202,7 +202,7 @@ def test_an_unwritable_checkpoint_directory_caches_in_the_users_cache(trained, t
 def test_workers_and_output_give_the_same_bytes_and_the_engine_is_part_of_the_run(
         trained, tmp_path):
     from nmt.batch.config import GenerateConfig
-    from nmt.batch.resume import run_identity
+    from nmt.batch.resumable import run_identity
 
     ckpt = copy_of(trained, tmp_path / "run")
     src = write_lines(tmp_path / "in.en", sample_lines())

@@ -33,7 +33,7 @@ from nmt.data.dictionary import Dictionary
 from nmt.data.resources import quickstart_dir
 from nmt.data.subword import train_wordpiece
 from nmt.errors import NmtError
-from nmt.interop.ctranslate2 import SNIPPET_BEGIN, SNIPPET_END, export_model
+from nmt.interop.ct2_export import SNIPPET_BEGIN, SNIPPET_END, export_model
 from nmt.registry import get_arch
 from nmt.search.config import SearchConfig
 from nmt.search.translator import Translator
@@ -416,7 +416,7 @@ def test_without_ctranslate2_one_line_says_how_to_install_it(ckpt_file, tmp_path
 
 
 def test_nmt_never_imports_ctranslate2():
-    code = ("import sys, nmt, nmt.interop.ctranslate2, nmt.cli.export, nmt.cli.generate, "
+    code = ("import sys, nmt, nmt.interop.ct2_export, nmt.cli.export, nmt.cli.generate, "
             "nmt.cli.train, nmt.search.translator; print('ctranslate2' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)

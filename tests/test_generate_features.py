@@ -389,7 +389,7 @@ def test_progress_lines_are_logged_when_stderr_is_not_a_terminal(ckpt, tmp_path,
     """Off a terminal (here: CliRunner's captured stderr) no bar is drawn; a progress line is
     logged every PROGRESS_LOG_SECONDS instead (here: at every batch), with the count, the
     total of an --input file, the rate and the time; -q logs none."""
-    import nmt.cli.common as common
+    import nmt.cli.console as common
 
     monkeypatch.setattr(common, "PROGRESS_LOG_SECONDS", 1e-9)
     src = write(tmp_path / "in.txt", [x for x in mixed_lines(30, seed=2)])

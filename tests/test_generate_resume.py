@@ -189,7 +189,7 @@ def test_a_signal_while_the_output_is_installed_finishes_it_and_exits_0(f, tmp_p
     translated everything again.)"""
     from click.testing import CliRunner
 
-    import nmt.batch.resume as R
+    import nmt.batch.resumable as R
     from nmt.cli.generate import main as generate_main
 
     real = R.fsync_dir
@@ -210,7 +210,7 @@ def test_a_signal_while_the_output_is_installed_finishes_it_and_exits_0(f, tmp_p
 
 def test_a_signal_while_the_output_is_installed_reports_what_is_on_disk(tmp_path, monkeypatch):
     """The same at the level of the output: what the stop reports is what is on disk."""
-    import nmt.batch.resume as R
+    import nmt.batch.resumable as R
     from nmt.signals import Interrupted, stop_on_signals
 
     real = R.fsync_dir

@@ -185,7 +185,7 @@ def test_rank_0_holds_the_outputs_lock_and_each_rank_its_shards(f, tmp_path):
     """A one-process run on OUT holds .OUT.nmt-lock: rank 0 of a torchrun job on OUT (which
     would delete the one-process run's files with --overwrite, and write OUT) is refused.
     A rank's shard lock refuses that rank of a second job."""
-    from nmt.batch.resume import output_lock
+    from nmt.batch.resumable import output_lock
     from nmt.batch.shards import shard_path
 
     out = tmp_path / "out.txt"

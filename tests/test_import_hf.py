@@ -364,7 +364,7 @@ def test_what_nmt_cannot_represent_is_refused_in_one_line(marian, tmp_path, chan
 
 
 def test_the_export_names_everything_marian_cannot_express_at_once(tmp_path):
-    from nmt.interop.ctranslate2 import export_model
+    from nmt.interop.ct2_export import export_model
 
     lines = sentences(random.Random(2), 200)
     codec = TextCodec(train_wordpiece(lines, 60))
@@ -625,7 +625,7 @@ def test_an_imported_marian_models_ctranslate2_export_tokenizes_as_nmt(marian, i
     import importlib.util
 
     from nmt.checkpoint import codecs_from_checkpoint
-    from nmt.interop.ctranslate2 import export_model
+    from nmt.interop.ct2_export import export_model
 
     out = export_model(str(imported), tmp_path / "ct2")
     spec = importlib.util.spec_from_file_location("exported", out / "translate.py")

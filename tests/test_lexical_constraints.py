@@ -20,7 +20,7 @@ from nmt.errors import NmtError, UsageError
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import beam_search
 from nmt.search.lexical import LexicalConstraints, automaton, round_robin
-from nmt.search.requests import parse_request
+from nmt.search.jsonl_input import parse_request
 from nmt.search.sampling import SamplingConfig
 from nmt.search.translator import BatchConfig, SearchConfig, Translator
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import nmt
 from nmt.checkpoint import load_model_from_checkpoint, make_checkpoint
 from nmt.config import ModelConfig
-from nmt.data.batching import collate
+from nmt.data.buckets import collate
 from nmt.data.codec import whitespace_codec
 from nmt.data.dictionary import Dictionary
 from nmt.models.layers import sinusoid_table

@@ -172,7 +172,7 @@ def test_export_pastes_no_checkpoint_text_into_code(d, tmp_path):
 
 def test_snippet_values_are_literals():
     from nmt.errors import NmtError
-    from nmt.interop.ctranslate2 import python_snippet
+    from nmt.interop.ct2_export import python_snippet
 
     side = {"subword": "none", "subword_file": None, "moses_lang": "de"}
     info = {"source": dict(side), "target": dict(side),

@@ -373,7 +373,7 @@ def test_repeated_nonfinite_losses_stop_without_a_broken_checkpoint(tmp_path, ca
 
 def _trainer_and_batch():
     import nmt
-    from nmt.data.batching import collate
+    from nmt.data.buckets import collate
 
     torch.manual_seed(0)
     cfg = nmt.get_arch("transformer_tiny", {"dropout": "0"})

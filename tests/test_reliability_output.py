@@ -274,12 +274,12 @@ def test_a_rerun_removes_what_a_killed_preprocess_left(f, tmp_path):
 
 STALLING_EXPORT = """
 import sys, time
-import nmt.interop.ctranslate2
+import nmt.interop.ct2_export
 def stall(*args, **kwargs):
     sys.stderr.write("NMT-TEST: stalled\\n")
     sys.stderr.flush()
     time.sleep(120)
-nmt.interop.ctranslate2.install_directory = stall
+nmt.interop.ct2_export.install_directory = stall
 from nmt.cli.export import main
 main()
 """

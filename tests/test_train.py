@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nmt
-from nmt.data.batching import collate
+from nmt.data.buckets import collate
 from nmt.checkpoint import load_checkpoint
 from nmt.training.loop import TrainConfig, train
 from nmt.training.loss import label_smoothed_nll_loss

@@ -19,7 +19,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from nmt.cli.common import handle_errors, setup_logging  # noqa: E402
+from nmt.cli.console import handle_errors, setup_logging  # noqa: E402
 from nmt.io import LineWriter  # noqa: E402
 from nmt.tasks.parsing import delinearize_file  # noqa: E402
 

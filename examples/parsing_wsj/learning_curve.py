@@ -23,7 +23,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from nmt.cli.common import handle_errors  # noqa: E402
+from nmt.cli.console import handle_errors  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.io import atomic_write  # noqa: E402
 

@@ -29,7 +29,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from nmt.cli.common import handle_errors, setup_logging  # noqa: E402
+from nmt.cli.console import handle_errors, setup_logging  # noqa: E402
 from nmt.io import atomic_write, read_lines  # noqa: E402
 from nmt.tasks.parsing import SplitSpec, prepare_treebank, right_branching  # noqa: E402
 from nmt.tasks.trees import to_string  # noqa: E402

@@ -1,5 +1,5 @@
 """nmt-generate's command line, written once: each field of ``GenerateConfig`` is an option
-(nmt.options.option) with its default and help; ``.search``, ``.batch`` and
+(nmt.fields.option) with its default and help; ``.search``, ``.batch`` and
 ``.sampling_config`` hand the library its part (nmt.search.config).
 
     cfg = GenerateConfig(beam=5, max_tokens=4096)
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from nmt.config import CHOICES
 from nmt.engines import ENGINES
 from nmt.errors import UsageError
-from nmt.options import option
+from nmt.fields import option
 from nmt.search.config import BatchConfig, SamplingConfig, SearchConfig
 
 OUTPUT_FORMATS = ("text", "jsonl")

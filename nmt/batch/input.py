@@ -4,7 +4,7 @@ its translations) whatever the input's size.
 An --input file that is a regular file is read twice: a first pass checks every line (UTF-8,
 and each jsonl request) and counts them, so that bad input writes nothing and the progress
 bar knows its total; the second translates it chunk by chunk from line 1 (or from where an
-interrupted run stopped: nmt.batch.resume), each chunk with the byte offset past it.
+interrupted run stopped: nmt.batch.resumable), each chunk with the byte offset past it.
 The chunks are the same whatever the start, so a resumed run batches, and so translates,
 exactly as an uninterrupted one. stdin, a pipe or a process substitution is read once, as it
 comes (nmt.io.stream_batches).
@@ -51,7 +51,7 @@ def check_input(path: str, chunk_lines: int, jsonl: bool) -> int:
     """Read the whole file once, one chunk at a time: every line valid UTF-8 (and a valid
     request with --input-format jsonl), else a one-line NmtError naming it; the line count."""
     from nmt.io import iter_line_chunks
-    from nmt.search.requests import parse_requests
+    from nmt.search.jsonl_input import parse_requests
 
     n = 0
     for chunk, _ in iter_line_chunks(path, chunk_lines):
@@ -70,7 +70,7 @@ def check_forced_targets(path: str, translator: Callable[[], Any], chunk_lines: 
     from nmt.io import iter_line_chunks
     from nmt.search.lexical import check_room, encode_constraints, refuse_with
     from nmt.search.prefix import check_spelled
-    from nmt.search.requests import parse_requests
+    from nmt.search.jsonl_input import parse_requests
 
     t, n, refused = None, 0, False
     for chunk, _ in iter_line_chunks(path, chunk_lines):
@@ -115,9 +115,9 @@ def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
 
 
 def _parsed(chunks: Chunks, name: str, first: int) -> Chunks:
-    """Chunks of raw jsonl lines as chunks of requests (nmt.search.requests), line numbers
+    """Chunks of raw jsonl lines as chunks of requests (nmt.search.jsonl_input), line numbers
     counted across chunks."""
-    from nmt.search.requests import parse_requests
+    from nmt.search.jsonl_input import parse_requests
 
     for chunk, offset in chunks:
         yield parse_requests(chunk, first, name), offset

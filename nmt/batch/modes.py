@@ -66,7 +66,7 @@ def build_translator(sources: Sequence, cfg: GenerateConfig, device: str, precis
 def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
                     progress: Callable[[int], None] | None) -> tuple[list, list[str]]:
     """The results and output lines of one chunk of input: raw lines (text input) or
-    nmt.search.requests.Request objects (jsonl input, parsed by the caller)."""
+    nmt.search.jsonl_input.Request objects (jsonl input, parsed by the caller)."""
 
     prefixes = constraints = None
     if cfg.input_format == "jsonl":
@@ -138,7 +138,7 @@ def _pairs(cfg: GenerateConfig, lines: Sequence[str], name: str
     from nmt.io import read_lines
 
     if cfg.input_format == "jsonl":
-        from nmt.search.requests import parse_requests
+        from nmt.search.jsonl_input import parse_requests
 
         requests = parse_requests(list(lines), 1, name)
         # a blank line is an empty pair, as an empty line of a text file with --reference

@@ -301,12 +301,12 @@ ALREADY_COMPLETE = object()     # _resumable(): --output holds this very run's f
 
 def _resumable(cfg: GenerateConfig, plan: Plan, checkpoints: Sequence[str], device: str,
                precision: str, overwrite: bool):
-    """The resumable output (nmt.batch.resume) of a run that can have one, else None; under
+    """The resumable output (nmt.batch.resumable) of a run that can have one, else None; under
     torchrun, this rank's shard (nmt.batch.shards). Refuses a rerun that differs from the
     interrupted one (another world size too) before anything is loaded."""
     if not plan.resumable:
         return None
-    from nmt.batch.resume import ResumableOutput, output_lock, run_identity
+    from nmt.batch.resumable import ResumableOutput, output_lock, run_identity
     from nmt.batch.shards import ShardOutput, check_other_runs, first_attempt, shard_path
 
     identity = run_identity(checkpoints, cfg, device, precision)

@@ -7,7 +7,7 @@ scheduler of its own and needs no process group. The input is cut into the chunk
 process (--buffer-size lines, nmt.batch.input); rank r of W translates the chunks i
 with i mod W = r, exactly as one process translates them (same lines, same batches, same line
 numbers for sampling seeds), into its shard, a resumable output of its own
-(nmt.batch.resume) beside FILE:
+(nmt.batch.resumable) beside FILE:
 
 - ``FILE.shard-R-of-W.nmt-partial``: the translations of rank R's chunks, in input order,
 - ``FILE.shard-R-of-W.nmt-progress.json``: its journal (the run's identity with the share
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Iterator
 
 from nmt.batch.config import GenerateConfig
-from nmt.batch.resume import JOURNAL, PARTIAL, ResumableOutput
+from nmt.batch.resumable import JOURNAL, PARTIAL, ResumableOutput
 from nmt.errors import NmtError, UsageError
 
 log = logging.getLogger("nmt.generate")

@@ -1,5 +1,5 @@
 """What a resumable nmt-generate run has done, kept so that a rerun can check it: the lines
-of its partial output and a hash of the input it has consumed (nmt.batch.resume).
+of its partial output and a hash of the input it has consumed (nmt.batch.resumable).
 
 A journal's counts are trusted by nothing else: a rerun reads the partial output's first
 ``output_bytes`` and the input's first ``input_bytes`` again and compares their line counts

@@ -3,7 +3,7 @@
 --buffer-size lines) goes to worker i mod N, and the translations come back and are written
 in input order. Each chunk is translated exactly as one process translates it (same lines,
 same batches, same line numbers for sampling seeds), so the output is the one-process output,
-and a resumable --output (nmt.batch.resume) resumes as it does with one process.
+and a resumable --output (nmt.batch.resumable) resumes as it does with one process.
 
 Workers are started with "spawn" (a fresh interpreter: no OpenMP state inherited through
 fork) and hold at most two chunks each, so memory stays bounded whatever the input's size.

@@ -18,10 +18,10 @@ import logging
 
 import click
 
-from nmt.cli.common import Command, handle_errors, read_path_from_stdin, setup_logging
+from nmt.cli.console import Command, handle_errors, read_path_from_stdin, setup_logging
 from nmt.cli.options import log_options
 from nmt.errors import UsageError
-from nmt.interop.ctranslate2 import FORMATS, QUANTIZATIONS, export_model
+from nmt.interop.ct2_export import FORMATS, QUANTIZATIONS, export_model
 from nmt.io import print_line
 
 # nmt-generate's --precision name of a weight type that CTranslate2 calls otherwise.

@@ -17,7 +17,7 @@ import click
 
 from nmt.batch.config import GenerateConfig
 from nmt.batch.run import check_output, check_split, translate_file
-from nmt.cli.common import (Command, handle_errors, make_progress, read_path_from_stdin,
+from nmt.cli.console import (Command, handle_errors, make_progress, read_path_from_stdin,
                             setup_logging, setup_runtime)
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import UsageError

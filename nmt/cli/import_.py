@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from nmt.cli.common import Command, Group, handle_errors, setup_logging
+from nmt.cli.console import Command, Group, handle_errors, setup_logging
 from nmt.cli.options import log_options
 
 
@@ -79,7 +79,7 @@ def fairseq(checkpoint, data, bpe_codes, sentencepiece, moses, moses_no_dash_spl
     cannot represent exactly is refused, naming it."""
     setup_logging(verbose, quiet)
     from nmt.checkpoint import load_model_from_checkpoint, save_checkpoint
-    from nmt.interop.common import check_output
+    from nmt.interop.foreign import check_output
     from nmt.interop.fairseq import import_fairseq
 
     dest = check_output(output, (checkpoint, bpe_codes, sentencepiece),

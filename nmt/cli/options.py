@@ -1,7 +1,7 @@
 """Click options built from typed configs, and the options every command shares.
 
 ``@config_options(TrainConfig)`` adds one click option per field declared with
-``nmt.options.option``; ``build_config(TrainConfig, kwargs)`` turns the parsed values back into
+``nmt.fields.option``; ``build_config(TrainConfig, kwargs)`` turns the parsed values back into
 the config (running each field's ``parse``). Defaults and help therefore live in the config
 alone. ``runtime_options`` / ``log_options`` are the options shared by the commands.
 """
@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import click
 
-from nmt.options import flag_name, option_meta
+from nmt.fields import flag_name, option_meta
 from nmt.runtime import PRECISIONS
 
 F = TypeVar("F", bound=Callable)

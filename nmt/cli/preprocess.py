@@ -13,9 +13,9 @@ from typing import Iterator
 import click
 from rich.table import Table
 
-from nmt.cli.common import Command, console, handle_errors, make_progress, setup_logging
+from nmt.cli.console import Command, console, handle_errors, make_progress, setup_logging
 from nmt.cli.options import build_config, config_options, log_options
-from nmt.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
+from nmt.data.prepare import PreprocessConfig, PreprocessResult, preprocess
 from nmt.signals import stop_on_signals
 from nmt.errors import NmtError
 from nmt.io import print_line

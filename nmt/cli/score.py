@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import click
 
-from nmt.cli.common import EMPTY_PIPE, Command, console, handle_errors, setup_logging
+from nmt.cli.console import EMPTY_PIPE, Command, console, handle_errors, setup_logging
 from nmt.cli.options import build_config, config_options, log_options
 from nmt.errors import NmtError, UsageError
 from nmt.io import LineWriter, read_lines
 import nmt.metrics.evalb as evalb_mod
 from nmt.metrics.scoring import METRICS, ScoreOptions, corpus_score, parse_metrics, sentence_scores
-from nmt.options import option
+from nmt.fields import option
 
 log = logging.getLogger("nmt.score")
 TOKENIZERS = ("none", "zh", "13a", "intl", "char", "ja-mecab", "ko-mecab", "spm", "flores101",
@@ -45,7 +45,7 @@ def _read(path: str | None, what: str) -> list[str]:
 
 @dataclass
 class ScoreConfig:
-    """nmt-score's options, written once (nmt.options.option): what to score, how, and how
+    """nmt-score's options, written once (nmt.fields.option): what to score, how, and how
     the scores are printed."""
 
     refs: list[str] = option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from nmt.cli.common import Command, handle_errors, setup_runtime
+from nmt.cli.console import Command, handle_errors, setup_runtime
 from nmt.cli.options import build_config, config_options, runtime_options
 from nmt.errors import NmtError
 from nmt.serve.config import ServeConfig

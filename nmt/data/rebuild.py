@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError
+from nmt.io import file_record
 
 # Options that do not change the data directory's content (or are compared as files instead).
 NOT_OUTPUT = ("workers", "chunk_size", "overwrite", "destdir", "trainpref", "validpref",
@@ -22,10 +23,20 @@ NOT_OUTPUT = ("workers", "chunk_size", "overwrite", "destdir", "trainpref", "val
 
 def _stat(path: Path) -> dict[str, Any]:
     try:
-        st = path.stat()
+        return file_record(path)
     except OSError:     # reported by the checks that read it; here it only means "no match"
         return {"path": str(path.absolute()), "missing": True}
-    return {"path": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _recorded(data_meta: dict) -> Any:
+    """meta.json's built_from in today's form: directories built before the file records
+    were shared with nmt-generate's journal name a file's size "bytes"."""
+    old = data_meta.get("built_from")
+    if isinstance(old, dict) and isinstance(old.get("files"), dict):
+        old = {**old, "files": {k: ({("size" if f == "bytes" else f): v for f, v in r.items()}
+                                    if isinstance(r, dict) else r)
+                                for k, r in old["files"].items()}}
+    return old
 
 
 def built_from(cfg, splits: list[tuple[str, str]]) -> dict[str, Any]:
@@ -61,7 +72,7 @@ def existing_build(dest: Path, record: dict[str, Any]):
         data = DataDir.open(dest)
     except NmtError:
         return None
-    if data.meta.get("built_from") != record:
+    if _recorded(data.meta) != record:
         return None
     for split in data.meta.get("splits", {}):
         try:
@@ -74,7 +85,7 @@ def existing_build(dest: Path, record: dict[str, Any]):
 def difference(dest: Path, record: dict[str, Any]) -> str:
     """Why the data directory at ``dest`` is not this build, in a few words ('' if unknown)."""
     try:
-        old = json.loads((dest / "meta.json").read_text(encoding="utf-8")).get("built_from")
+        old = _recorded(json.loads((dest / "meta.json").read_text(encoding="utf-8")))
     except (OSError, ValueError, AttributeError):
         return ""
     if not isinstance(old, dict):

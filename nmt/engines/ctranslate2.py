@@ -5,7 +5,7 @@
     t = CTranslate2Translator.from_checkpoint("checkpoint_best.pt", threads=4)
     t.translate(["A man is riding a bike ."])
 
-The checkpoint is converted once, with nmt-export's code (nmt.interop.ctranslate2), into a
+The checkpoint is converted once, with nmt-export's code (nmt.interop.ct2_export), into a
 CTranslate2 model directory cached beside it: ``DIR/.nmt-ctranslate2/KEY/``, where KEY is a
 hash of the checkpoint's bytes, the ctranslate2 version and nmt's. The directory is built under
 a temporary name and renamed into place, under an exclusive lock (another process converting
@@ -192,7 +192,7 @@ def converted_model(checkpoint: str | os.PathLike) -> Path:
 def _convert(path: Path, entry: Path, key: str) -> None:
     from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint, inference_checkpoint,
                                 load_checkpoint, model_config)
-    from nmt.interop.ctranslate2 import export_model
+    from nmt.interop.ct2_export import export_model
     from nmt.io import fsync_dir
 
     log.info("converting %s for CTranslate2 (once; cached in %s)", path, entry.parent)

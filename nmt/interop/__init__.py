@@ -2,7 +2,7 @@
 (``nmt-export``) and their models imported as ordinary, self-contained nmt checkpoints that
 translate as the source toolkit does (``nmt-import``).
 
-    ctranslate2.py     nmt-export's entry point (export_model): a CTranslate2 model directory
+    ct2_export.py      nmt-export's entry point (export_model): a CTranslate2 model directory
                        with README.txt and translate.py; --format huggingface goes to
     hf_export.py       a Marian directory that transformers loads (MarianMTModel)
     hf_import.py       nmt-import huggingface: a Marian directory (OPUS-MT)
@@ -12,6 +12,6 @@ translate as the source toolkit does (``nmt-import``).
     fairseq.py         nmt-import fairseq: checkpoint, dictionaries, text pipeline
     fairseq_model.py   fairseq's arguments -> ModelConfig, its weights -> nmt's names
     safe_pickle.py     other toolkits' pickles read without running code from them
-    common.py          safe reads, foreign vocabularies as nmt dictionaries, the output check,
+    foreign.py         safe reads, foreign vocabularies as nmt dictionaries, the output check,
                        and the one-line refusal naming every setting the other side lacks
 """

@@ -25,7 +25,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.dictionary import Dictionary
 from nmt.errors import NmtError
-from nmt.interop.common import (check_float_weights, named_errors, nmt_dictionary, refuse,
+from nmt.interop.foreign import (check_float_weights, named_errors, nmt_dictionary, refuse,
                                 regular_file)
 from nmt.interop.fairseq_model import (FAIRSEQ_SPECIALS, NMT_FROM_FAIRSEQ,  # noqa: F401
                                        TRANSFORMER_ARCHS, nmt_rows)

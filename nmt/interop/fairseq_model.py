@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from nmt.errors import NmtError
-from nmt.interop.common import permute_rows, probability, refuse
+from nmt.interop.foreign import permute_rows, probability, refuse
 from nmt.specials import BOS, EOS, PAD, UNK
 
 # fairseq's transformer family: one model class, these presets (same modules, other sizes).

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from nmt.errors import NmtError
-from nmt.interop.common import refuse
+from nmt.interop.foreign import refuse
 from nmt.interop.hf_positions import MARK, MAX_OFFSET, export_positions
 from nmt.interop.marian import (EMBEDDINGS, OUTPUT, OUTPUT_BIAS, PARTS, layer_modules,
                                 marian_config, marian_names)

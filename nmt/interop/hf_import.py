@@ -48,7 +48,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.interop.common import (ABSENT_LOGIT, check_output, load_safetensors,
+from nmt.interop.foreign import (ABSENT_LOGIT, check_output, load_safetensors,
                                 load_torch_weights, named_errors, nmt_dictionary, permute_rows,
                                 probability_problem, read_json, refuse, regular_file)
 from nmt.interop.hf_positions import KEYS as POSITION_KEYS, import_positions

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from nmt.errors import NmtError
-from nmt.interop.common import check_zip_sizes, regular_file
+from nmt.interop.foreign import check_zip_sizes, regular_file
 from nmt.io import check_readable
 
 # Globals replaced by stand-ins: exact names, and module prefixes (configuration classes only).

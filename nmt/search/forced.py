@@ -47,7 +47,7 @@ from torch import Tensor
 
 from nmt.errors import NmtError, UsageError
 from nmt.search.config import BatchConfig
-from nmt.data.batching import longest_first
+from nmt.data.buckets import longest_first
 from nmt.search.length_penalty import length_penalty
 from nmt.specials import BOS, EOS, PAD
 

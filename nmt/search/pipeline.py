@@ -17,7 +17,7 @@ from typing import Callable, Sequence, overload
 
 import numpy as np
 
-from nmt.data.batching import longest_first
+from nmt.data.buckets import longest_first
 from nmt.errors import NmtError
 from nmt.search.config import BatchConfig, SearchConfig
 

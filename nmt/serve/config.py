@@ -1,6 +1,6 @@
 """nmt-serve's options: where it listens, how it batches, what a request may hold.
 
-Each field is a command-line option (nmt.options.option), its default and help written once.
+Each field is a command-line option (nmt.fields.option), its default and help written once.
 Importable without torch, starlette or uvicorn.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from nmt.engines import ENGINES
 from nmt.errors import UsageError
-from nmt.options import option
+from nmt.fields import option
 
 MAX_WAIT_MS = 60_000          # a minute; a larger wait (inf) overflows the batcher's timeout
 MAX_SECONDS = 86_400          # a day: the longest timeout or grace (inf overflows asyncio's)

@@ -31,7 +31,7 @@ from nmt.errors import NmtError, suggest
 from nmt.search.config import SearchConfig
 from nmt.search.lexical import check_room, encode_constraints, refuse_with
 from nmt.search.prefix import check_spelled
-from nmt.search.requests import lone_surrogate, phrases_problem
+from nmt.search.jsonl_input import lone_surrogate, phrases_problem
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import ServedModel
 

@@ -1,15 +1,18 @@
 """The end of a training run: averaged checkpoints, the ensemble listing, and the last log
 line that compares them on validation. :func:`finish` is given what it works with, as a
-:class:`RunEnd`; it returns the checkpoint to use."""
+:class:`RunEnd`; it returns the checkpoint to use. A run stopped by a signal ends in
+:class:`TrainingInterrupted` instead."""
 
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from nmt import checkpoint as ckpt_io
+from nmt.errors import NmtError
 from nmt.training.average import average_to_file
 from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistInfo, barrier
@@ -17,6 +20,17 @@ from nmt.training.savedir import SaveDir, checkpoint_update
 from nmt.training.selection import Selection
 
 log = logging.getLogger("nmt.train")
+
+
+class TrainingInterrupted(NmtError):
+    """SIGINT/SIGTERM arrived: a checkpoint was saved; exit code 128 + the signal number."""
+
+    def __init__(self, signum: int, update: int, path: Path | None):
+        name = signal.Signals(signum).name if signum else "a signal"
+        saved = f"saved {path}" if path else "checkpoint saved by rank 0"
+        super().__init__(f"interrupted by {name} at update {update}; {saved}; run the same "
+                         f"command again to resume")
+        self.exit_code = 128 + (signum or signal.SIGTERM)
 
 
 @dataclass
@@ -164,4 +178,4 @@ def report_final(end: RunEnd, final: Path, averaged: list[tuple[Path, float | No
     log.info("%s; %s; use %s", why, "; ".join(parts) or "no validation", final)
 
 
-__all__ = ["RunEnd", "finish"]
+__all__ = ["RunEnd", "TrainingInterrupted", "finish"]

@@ -5,8 +5,9 @@ the checkpoint to use. What the run relies on lives beside it: the options
 (``config.TrainConfig``), the parts built before the first update (``setup``), one update
 (``trainer``), when to save/validate/stop (``policy``), which checkpoint is best
 (``selection``), the save directory (``savedir``), the training half of a checkpoint
-(``resume``), validation (``validate``), what the run logs (``report``), signals
-(``signals``) and the end of the run (``end``). Only rank 0 writes files.
+(``resume``), validation (``validate``), what the run logs (``report``) and the end of the
+run (``end``). :class:`Run` is the run itself: everything that reads or changes its state is
+one of its methods. Only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nmt import checkpoint as ckpt_io
-from nmt.data.batching import collate
+from nmt.data.buckets import collate
 from nmt.errors import NmtError
 from nmt.search.config import SearchConfig
 from nmt.training import report, resume, setup
@@ -27,13 +28,12 @@ from nmt.training.curves import JsonlLog, TensorBoardLog, decoding_log_suffix
 from nmt.training.distributed import (DistInfo, all_gather_object, barrier, collective_failure,
                                       env_dist_info, init_distributed, pick_device,
                                       shutdown_distributed)
-from nmt.training.end import RunEnd, finish
+from nmt.training.end import RunEnd, TrainingInterrupted, finish
 from nmt.training.meter import Meter
 from nmt.training.policy import Decision, Policy
 from nmt.training.savedir import SaveDir
 from nmt.training.selection import Selection
 from nmt.signals import SignalCatcher
-from nmt.training.signals import TrainingInterrupted
 
 log = logging.getLogger("nmt.train")
 
@@ -122,7 +122,7 @@ class Run:
         self.policy, self.total = Policy(self.cfg, self.is_main), Meter()
         done = self._already_done()
         with self.signals:
-            stop = resume.deferred_validation(self) or done
+            stop = self._deferred_validation() or done
             while not stop and not (self.cfg.max_epoch and self.epoch > self.cfg.max_epoch):
                 stop = self._train_epoch()
         if self.signals.received:
@@ -156,7 +156,7 @@ class Run:
         shard = self.sampler.shard_batches(self.epoch)
         uf = self.cfg.update_freq
         if self.epoch_batches_done >= len(shard):      # a saved position past the end
-            return resume.past_the_end(self, len(shard))
+            return self._past_the_end(len(shard))
         while self.epoch_batches_done < len(shard):
             group = shard[self.epoch_batches_done:self.epoch_batches_done + uf]
             start = self.model_cfg.start_id
@@ -164,7 +164,7 @@ class Run:
             local = self.policy.local_signals(bool(self.signals.received))
             stats = self.trainer.train_step(batches, local)
             self.epoch_batches_done += len(group)
-            report.account(self, stats)
+            self._account(stats)
             end_of_epoch = self.epoch_batches_done >= len(shard)
             decision = self.policy.decide(self.trainer.num_updates, stats.skipped,
                                           end_of_epoch, self.epoch, stats.signals)
@@ -179,6 +179,41 @@ class Run:
             if end_of_epoch:
                 return False
         return False
+
+    def _past_the_end(self, batches: int) -> bool:
+        """The run resumed at a position past its epoch's ``batches`` batches: the data
+        directory's batches are not those of the run that saved it (the same vocabulary and
+        line count, shorter sentences). Go on with the next epoch (False: the run goes on); a
+        rank with no batch at all cannot train."""
+        if batches == 0:
+            raise NmtError(f"epoch {self.epoch} has no batch for this rank: the training set is "
+                           f"smaller than one batch per rank")
+        log.warning("the saved position, batch %d of epoch %d, is past its %d batches (the "
+                    "data changed since it was saved?): going on with epoch %d",
+                    self.epoch_batches_done, self.epoch, batches, self.epoch + 1)
+        self.epoch, self.epoch_batches_done = self.epoch + 1, 0
+        return False
+
+    def _account(self, stats) -> None:
+        """An update's meters, warnings, progress callback and periodic log line."""
+        upd, cfg = self.trainer.num_updates, self.cfg
+        if stats.nonfinite:
+            report.nonfinite(stats, self.trainer, cfg.max_nonfinite, self.save_dir.path,
+                             self.is_main)
+        else:
+            self.meter.add(stats)
+            self.total.add(stats)
+        if stats.skipped and not stats.nonfinite and self.is_main:
+            log.warning("update skipped (no target tokens)")
+        if self.progress is not None and self.is_main:
+            self.progress(upd, cfg.max_update or None, f"epoch {self.epoch}")
+        if upd % cfg.log_interval == 0 and not stats.skipped:
+            summary = self.meter.summary()
+            self.meter.reset()
+            report.check_finite(summary, upd)
+            if self.is_main:
+                report.train_line(summary, stats.lr, upd, self.epoch, self.device,
+                                  (self.jsonl, self.tensorboard))
 
     def _act(self, decision: Decision) -> bool:
         """Validate and save as decided; True to stop (--patience ran out, or a signal)."""
@@ -198,6 +233,25 @@ class Run:
         self.saved_at = self.save(valid, is_best=improved, deferred=decision.deferred)
         self.policy.saved()
         return self.out_of_patience(value) or decision.stop
+
+    def _deferred_validation(self) -> bool:
+        """The validation a signal's stop left to this resumed run: the saved weights and RNG
+        state are those it would have seen, so it is the uninterrupted run's; at a save it is
+        judged and the checkpoint saved again as that run saved it. True to stop: --patience
+        ran out, or a signal stopped this validation too (the checkpoint keeps its marker, and
+        the next resume validates again)."""
+        deferred, self.deferred = self.deferred, None
+        if not deferred:
+            return False
+        valid = self.validate()
+        if valid is not None and valid.get("decoding_stopped"):
+            self.saved_at = self.save_dir.last if self.is_main else None
+            return True
+        if not deferred.get("judge"):
+            return False
+        value, improved = self.judge(valid)
+        self.saved_at = self.save(valid and {**valid, "best": improved}, is_best=improved)
+        return self.out_of_patience(value)
 
     def judge(self, valid: dict[str, Any] | None) -> tuple[float | None, bool]:
         """(score, improved) of a validation at a save: only those compete for
@@ -280,13 +334,28 @@ class Run:
             self.selection.record_saved(upd, self.selection.value(valid))
             keep = self.selection.best_updates(max(self.cfg.average_best,
                                                    self.cfg.ensemble_best))
-            ck = resume.run_checkpoint(self, rng_states, valid,
-                                       {"judge": numbered} if deferred else None)
+            ck = self._checkpoint(rng_states, valid, {"judge": numbered} if deferred else None)
             path = self.save_dir.write(ck, upd, is_best, max(self.cfg.keep_last,
                                        self.cfg.average_last), keep, numbered=numbered)
             log.info("saved %s (%.1fs)", path, time.perf_counter() - t0)
         barrier(self.info)
         return path
+
+    def _checkpoint(self, rng_states: list[dict[str, Any]], valid: dict[str, Any] | None,
+                    deferred: dict | None) -> dict:
+        """The checkpoint the run saves now: model, codecs and the training half
+        (:func:`nmt.training.resume.training_state`)."""
+        from nmt.tasks.task import data_task
+
+        training = resume.training_state(self.cfg, self.trainer, self.selection, rng_states,
+                                         self.epoch, self.epoch_batches_done,
+                                         self.sampler.signature(), valid, deferred)
+        data = self.data
+        return ckpt_io.make_checkpoint(
+            model_config=self.model_cfg, model_state=self.model.state_dict(),
+            share_all_embeddings=self.share, src_codec=data.src_codec, tgt_codec=data.tgt_codec,
+            src_lang=data.src_lang, tgt_lang=data.tgt_lang, data_dir=str(self.data_dir),
+            task=data_task(data).name, training=training)
 
     def try_resume(self) -> bool:
         """Load the newest intact checkpoint of SAVE_DIR when asked; True if it did."""

@@ -97,28 +97,6 @@ def nonfinite(stats: Any, trainer, max_nonfinite: int, save_dir: Path, is_main: 
                        f"intact); {TRY}")
 
 
-def account(run, stats) -> None:
-    """Meters, warnings, the progress callback and the periodic log line of an update of
-    ``run`` (nmt.training.loop.Run)."""
-    upd, cfg = run.trainer.num_updates, run.cfg
-    if stats.nonfinite:
-        nonfinite(stats, run.trainer, cfg.max_nonfinite, run.save_dir.path, run.is_main)
-    else:
-        run.meter.add(stats)
-        run.total.add(stats)
-    if stats.skipped and not stats.nonfinite and run.is_main:
-        log.warning("update skipped (no target tokens)")
-    if run.progress is not None and run.is_main:
-        run.progress(upd, cfg.max_update or None, f"epoch {run.epoch}")
-    if upd % cfg.log_interval == 0 and not stats.skipped:
-        summary = run.meter.summary()
-        run.meter.reset()
-        check_finite(summary, upd)
-        if run.is_main:
-            train_line(summary, stats.lr, upd, run.epoch, run.device,
-                       (run.jsonl, run.tensorboard))
-
-
 def already_done(update: int, max_update: int) -> None:
     """A resumed run with nothing left to train; a warning when its checkpoint is past
     --max-update (its model is a longer run's, not what this command asks for)."""

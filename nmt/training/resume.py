@@ -53,43 +53,6 @@ def training_state(cfg, trainer, selection, rng_states: list[dict[str, Any]], ep
     }
 
 
-def run_checkpoint(run, rng_states: list[dict[str, Any]], valid: dict[str, Any] | None,
-                   deferred: dict | None = None) -> dict:
-    """The checkpoint ``run`` (nmt.training.loop.Run) saves now: model, codecs and
-    :func:`training_state`."""
-    from nmt.checkpoint import make_checkpoint
-    from nmt.tasks.task import data_task
-
-    training = training_state(run.cfg, run.trainer, run.selection, rng_states, run.epoch,
-                              run.epoch_batches_done, run.sampler.signature(), valid, deferred)
-    data = run.data
-    return make_checkpoint(
-        model_config=run.model_cfg, model_state=run.model.state_dict(),
-        share_all_embeddings=run.share, src_codec=data.src_codec, tgt_codec=data.tgt_codec,
-        src_lang=data.src_lang, tgt_lang=data.tgt_lang, data_dir=str(run.data_dir),
-        task=data_task(data).name, training=training)
-
-
-def deferred_validation(run) -> bool:
-    """The validation a signal's stop left to this resumed ``run`` (nmt.training.loop.Run):
-    the saved weights and RNG state are those it would have seen, so it is the uninterrupted
-    run's; at a save it is judged and the checkpoint saved again as that run saved it. True
-    to stop: --patience ran out, or a signal stopped this validation too (the checkpoint
-    keeps its marker, and the next resume validates again)."""
-    deferred, run.deferred = run.deferred, None
-    if not deferred:
-        return False
-    valid = run.validate()
-    if valid is not None and valid.get("decoding_stopped"):
-        run.saved_at = run.save_dir.last if run.is_main else None
-        return True
-    if not deferred.get("judge"):
-        return False
-    value, improved = run.judge(valid)
-    run.saved_at = run.save(valid and {**valid, "best": improved}, is_best=improved)
-    return run.out_of_patience(value)
-
-
 def resume_point(save_dir, resume: bool, device, is_main: bool) -> tuple[Path, dict] | None:
     """The newest intact checkpoint of ``save_dir`` (a SaveDir) when ``resume`` is on, else
     None. Rank 0 first removes the leftovers of interrupted saves, and with --no-resume moves
@@ -170,21 +133,6 @@ def check_same_parent(ck: Mapping[str, Any], path: Path, init_from: str) -> None
 def saved_init_from(ck: Mapping[str, Any]) -> str | None:
     """The file the run's weights first came from (--init-from): the run keeps the record."""
     return (ck.get("train_config") or {}).get("init_from")
-
-
-def past_the_end(run, batches: int) -> bool:
-    """The run resumed at a position past its epoch's ``batches`` batches: the data directory's
-    batches are not those of the run that saved it (the same vocabulary and line count, shorter
-    sentences). Go on with the next epoch (False: the run goes on); a rank with no batch at
-    all cannot train."""
-    if batches == 0:
-        raise NmtError(f"epoch {run.epoch} has no batch for this rank: the training set is "
-                       f"smaller than one batch per rank")
-    log.warning("the saved position, batch %d of epoch %d, is past its %d batches (the data "
-                "changed since it was saved?): going on with epoch %d", run.epoch_batches_done,
-                run.epoch, batches, run.epoch + 1)
-    run.epoch, run.epoch_batches_done = run.epoch + 1, 0
-    return False
 
 
 def saved_position(ck: Mapping[str, Any], path: Path, sampler_signature: Any) -> tuple[int, int]:
@@ -353,7 +301,7 @@ def _fmt(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["training_state", "deferred_validation", "resume_point", "check_resumable", "restore",
+__all__ = ["training_state", "resume_point", "check_resumable", "restore",
            "saved_init_from", "check_same_parent", "saved_position", "get_rng_state",
            "set_rng_state", "check_same_data", "check_init_data", "check_same_model",
            "model_differences", "changed_options", "codec_difference", "vocabulary_mismatch"]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from nmt.config import ModelConfig
-from nmt.data.batching import TokenBatchSampler
+from nmt.data.buckets import TokenBatchSampler
 from nmt.errors import NmtError, UsageError
 from nmt.models.dropout import set_dropout_masks
 from nmt.training import init_from

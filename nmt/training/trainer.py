@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from nmt.data.batching import BOS, Batch, dummy_batch
+from nmt.data.buckets import BOS, Batch, dummy_batch
 from nmt.runtime import precision_dtype
 from nmt.training.distributed import DistInfo, all_reduce_sum, sum_allreduce_hook
 from nmt.training.loss import ModelWithLoss

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from nmt.data.batching import BOS, TokenBatchSampler, collate
+from nmt.data.buckets import BOS, TokenBatchSampler, collate
 from nmt.data.references import References, split_file
 from nmt.search.config import SearchConfig
 from nmt.tasks.task import data_task

@@ -17,7 +17,7 @@ import torch
 
 import nmt
 from nmt.checkpoint import load_checkpoint
-from nmt.data.batching import collate
+from nmt.data.buckets import collate
 from nmt.training.loop import Run, TrainConfig, train
 from nmt.training.trainer import Trainer
 

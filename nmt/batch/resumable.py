@@ -32,9 +32,10 @@ from nmt.batch.config import GenerateConfig
 from nmt.batch.modes import lines_per_result
 from nmt.batch.tally import InputTally, check_resume, newlines
 from nmt.errors import NmtError
-from nmt.io import LineWriter, atomic_write, check_readable, fsync_dir, mark_written
+from nmt.io import (LineWriter, atomic_write, check_readable, file_record, fsync_dir,
+                    mark_written)
 from nmt.lock import WriterLock
-from nmt.options import flag_name
+from nmt.fields import flag_name
 
 log = logging.getLogger("nmt.generate")
 
@@ -46,8 +47,8 @@ _NOT_IDENTITY = ("input_path", "output_path")
 
 
 def _file_identity(path: str | os.PathLike, what: str) -> dict:
-    st = check_readable(path, what, expected=f"a {what} file").stat()
-    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    check_readable(path, what, expected=f"a {what} file")
+    return file_record(path)
 
 
 def run_identity(checkpoints: Sequence[str], cfg: GenerateConfig, device: str,

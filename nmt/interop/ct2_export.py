@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError, UsageError
-from nmt.interop.common import refuse
+from nmt.interop.foreign import refuse
 from nmt.io import check_readable, install_directory, temporary_directory_beside
 from nmt.specials import BOS, EOS, PAD, SPECIALS, UNK
 

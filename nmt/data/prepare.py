@@ -35,14 +35,14 @@ from nmt.data.dictionary import Dictionary
 from nmt.data.indexed import SplitWriter
 from nmt.data.rebuild import built_from, difference, existing_build
 from nmt.data.subword import KINDS, train_sentencepiece, train_wordpiece
-from nmt.data.workers import Filter, Runner, task_count, task_encode, task_tokenize
+from nmt.data.encode_pool import Filter, Runner, task_count, task_encode, task_tokenize
 from nmt.errors import NmtError, UsageError
 from nmt.tasks.task import TASKS, infer_task
 from nmt.io import (_decode_line, check_readable, install_directory, is_regular_file,
                     temporary_directory_beside)
-from nmt.options import option
+from nmt.fields import option
 
-log = logging.getLogger("nmt.data.preprocess")
+log = logging.getLogger("nmt.data.prepare")
 
 
 def _prefixes(values: list[str]) -> list[str]:
@@ -53,7 +53,7 @@ def _prefixes(values: list[str]) -> list[str]:
 
 @dataclass
 class PreprocessConfig:
-    """What nmt-preprocess does; each field is also its command-line option (``nmt.options``)."""
+    """What nmt-preprocess does; each field is also its command-line option (``nmt.fields``)."""
 
     source_lang: str = option(help="Source language code (file suffix), e.g. en.", short="-s")
     target_lang: str = option(help="Target language code (file suffix), e.g. de.", short="-t")
