@@ -24,6 +24,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 from common import fetch, textprep  # noqa: E402
 from common.recipe import Recipe, validate_command  # noqa: E402
+from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -93,7 +94,7 @@ def test_wmt14_big_models_multi_gpu_dry_run(tmp_path):
     fr = commands(run_example("wmt14_en_fr/run.py", "--dry-run", "--model", "big", "--gpus", 2,
                               "--stages", "preprocess,train", "--work-dir", tmp_path).stdout)
     assert "--subword wordpiece" in fr[0] and "--vocab-size 32000" in fr[0]
-    assert "-o dropout=0.1" in fr[1] and "--update-freq 4" in fr[1]
+    assert "--override dropout=0.1" in fr[1] and "--update-freq 4" in fr[1]
 
 
 def test_multi30k_dry_run(tmp_path):
@@ -115,7 +116,7 @@ def test_multi30k_converge_dry_run_en_fr(tmp_path):
                       "--work-dir", tmp_path).stdout
     pre, train, gen, score, lit = commands(out)
     assert "-s en -t fr" in pre and "val.fr" in out and "test_2016_flickr.fr" in out
-    for opt in ("--arch transformer_small -o dropout=0.3", "--max-update 3000", "--warmup 1000",
+    for opt in ("--arch transformer_small --override dropout=0.3", "--max-update 3000", "--warmup 1000",
                 "--lr-scale 1.5", "--average-last 5", "--valid-bleu"):
         assert opt in train
     assert "checkpoints-converge/checkpoint_avg5.pt" in gen and "hyp.fr" in gen
@@ -128,7 +129,7 @@ def test_multi30k_base_dry_run(tmp_path):
                       "--work-dir", tmp_path).stdout
     pre, train, gen, score, lit = commands(out)
     assert "--vocab-size 8000" in pre
-    for opt in ("--arch transformer_base -o pre_norm=true -o dropout=0.1", "--max-tokens 2500",
+    for opt in ("--arch transformer_base --override pre_norm=true --override dropout=0.1", "--max-tokens 2500",
                 "--max-update 600", "--warmup 200", "--lr-scale 0.32",
                 "--save-interval-updates 100"):
         assert opt in train
@@ -146,238 +147,31 @@ def test_multi30k_literature_dry_run(tmp_path):
     assert len(tuning) == 12 and all("raw/val." in c for c in tuning)
     assert "--beam 5 --lenpen 1.5" in tuning[10] and "--lowercase" in tuning[11]
     assert "test_2016" not in " ".join(tuning)
-    for opt in ("--arch transformer_tiny -o encoder_layers=4 -o decoder_layers=4 -o d_model=128 "
-                "-o d_ff=256 -o heads=4 -o dropout=0.3", "--max-update 8000", "--warmup 2000",
+    for opt in ("--arch transformer_tiny --override encoder_layers=4 --override decoder_layers=4 --override d_model=128 "
+                "--override d_ff=256 --override heads=4 --override dropout=0.3", "--max-update 8000", "--warmup 2000",
                 "--lr-scale 2.53", "--average-last 10", "--validate-interval-updates 1000"):
         assert opt in train
     assert "checkpoints-literature/checkpoint_avg10.pt" in gen
     assert "--metric multi-bleu --lowercase --lang de" in lit
 
 
-def test_multi30k_literature_bpe_dropout_dry_run(tmp_path):
-    out = run_example("multi30k/run.py", "--recipe", "literature-bpe-dropout", "--dry-run",
+def test_multi30k_literature_rdrop_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature-rdrop", "--dry-run",
                       "--work-dir", tmp_path).stdout
     pre, train, *tuning, gen, _, lit = commands(out)
-    # only the training split is sampled (nmt-preprocess keeps valid/test deterministic)
-    assert "--bpe-dropout 0.1 --bpe-dropout-copies 20" in pre
-    assert "data-bin-10000-bpe-dropout0.1x20" in train and "--max-update 8000" in train
+    # the plain recipe's data and schedule; batches of 2,048 tokens, each passed twice
+    assert "--vocab-size 10000" in pre and "data-bin-10000 " in train + " "
+    for opt in ("--rdrop-alpha 5.0", "--max-tokens 2048", "--max-update 8000",
+                "--lr-scale 2.53", "--average-last 10"):
+        assert opt in train
+    # the wider grid: alpha 2.0 added
     assert len(tuning) == 16 and all("raw/val." in c for c in tuning)
     assert "--beam 5 --lenpen 2.0" in tuning[14] and "test_2016" not in " ".join(tuning)
-    assert "checkpoints-literature-bpe-dropout/checkpoint_avg10.pt" in gen
+    assert "checkpoints-literature-rdrop/checkpoint_avg10.pt" in gen
     assert "--metric multi-bleu --lowercase --lang de" in lit
-
-
-def test_multi30k_literature_lowercase_dry_run(tmp_path):
-    out = run_example("multi30k/run.py", "--recipe", "literature-lc", "--dry-run",
-                      "--work-dir", tmp_path).stdout
-    assert "[lowercase-train.de]" in out and "[lowercase-test_2016_flickr.en]" in out
-    pre, train, *tuning, gen, score, lit = commands(out)
-    # the model reads and writes lowercased text; references stay the raw files
-    assert "raw-lc/train" in pre and "data-bin-10000-lc" in train
-    assert len(tuning) == 16 and all("raw-lc/val.en" in c for c in tuning[::2])
-    assert all("--ref" in c and "raw/val.de" in c for c in tuning[1::2])
-    assert "raw-lc/test_2016_flickr.en" in gen
-    assert "raw/test_2016_flickr.de" in score and "--lowercase" in score
-    assert "--metric multi-bleu --lowercase --lang de" in lit
-
-
-@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
-def test_multi30k_tiny_lowercase_end_to_end(tmp_path):
-    p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc", "--work-dir",
-                    tmp_path)
-    assert "BLEU|nrefs:1|case:lc" in p.stdout and "case:lc" in p.stdout
-    lc = (tmp_path / "raw-lc" / "train.de").read_text(encoding="utf-8")
-    assert lc == (tmp_path / "raw" / "train.de").read_text(encoding="utf-8").lower() != lc.upper()
-    hyp = (tmp_path / "results-tiny" / "test_2016_flickr.hyp.de").read_text(encoding="utf-8")
-    assert hyp == hyp.lower() and fetch.count_lines(tmp_path / "results-tiny" /
-                                                    "test_2016_flickr.hyp.de") == 15
-
-
-def test_multi30k_literature_moses_dry_run(tmp_path):
-    out = run_example("multi30k/run.py", "--recipe", "literature-lc-moses", "--dry-run",
-                      "--work-dir", tmp_path).stdout
-    pre, train, *tuning, gen, score, lit = commands(out)
-    # lowercased, then Moses-tokenized by nmt-preprocess before the joined BPE of 10k
-    assert "raw-lc/train" in pre and "--moses" in pre and "--vocab-size 10000" in pre
-    assert "data-bin-10000-lc-moses" in train and "--max-update 8000" in train
-    assert len(tuning) == 16 and "checkpoints-literature-lc-moses/checkpoint_avg10.pt" in gen
-    assert "--lowercase" in score and "--metric multi-bleu --lowercase --lang de" in lit
-    plain = commands(run_example("multi30k/run.py", "--recipe", "literature-lc", "--dry-run",
-                                 "--work-dir", tmp_path).stdout)[0]
-    assert "--moses" not in plain
-
-
-def test_multi30k_literature_batch8k_dry_run(tmp_path):
-    out = run_example("multi30k/run.py", "--recipe", "literature-batch8k", "--dry-run",
-                      "--work-dir", tmp_path).stdout
-    pre, train, *tuning, gen, score, lit = commands(out)
-    # the plain recipe's data, model and tokens: two batches of 4,096 per update, 4,000 updates
-    assert "data-bin-10000 " in train + " " and "--max-tokens 4096" in train
-    assert "--update-freq 2" in train and "--max-update 4000" in train
-    assert "--save-interval-updates 100" in train and "--average-last 10" in train
-    assert len(tuning) == 16 and "checkpoints-literature-batch8k/checkpoint_avg10.pt" in gen
     plain = commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
                                  "--work-dir", tmp_path).stdout)[1]
-    assert "--update-freq" not in plain and "--max-update 8000" in plain
-
-
-def test_multi30k_literature_kd_dry_run(tmp_path):
-    out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-max-update",
-                      300, "--dry-run", "--work-dir", tmp_path).stdout
-    pre, teacher, *rest = commands(out)
-    t_tune, (distill, kd_pre, student), s_tune = rest[:12], rest[12:15], rest[15:31]
-    gen, score, lit = rest[31:]
-    assert "--save-dir" in teacher and "checkpoints-literature " in teacher + " "
-    assert "--max-update 300" in teacher and "--max-update 8000" in student
-    # the teacher is tuned on validation with its own grid, then translates the training source
-    assert all("checkpoints-literature/checkpoint_avg10.pt" in c for c in t_tune[::2])
-    assert "checkpoints-literature/checkpoint_avg10.pt --input" in distill
-    assert "raw/train.en --output" in distill and "distill-literature/train.teacher.de" in distill
-    assert "--trainpref " in kd_pre and "distill-literature/train " in kd_pre
-    assert kd_pre.split("--reuse-vocab ")[1].split()[0] == str(tmp_path.resolve() /
-                                                               "data-bin-10000")
-    assert "data-bin-10000-kd-literature --arch" in student
-    assert "checkpoints-literature-kd " in student + " "
-    assert len(s_tune) == 16 and all("checkpoints-literature-kd/" in c for c in s_tune[::2])
-    assert "checkpoints-literature-kd/checkpoint_avg10.pt" in gen and "test_2016" in gen
-    assert "--metric multi-bleu --lowercase --lang de" in lit and score
-    # the teacher's steps are the standalone recipe's, so a finished `literature` run is reused
-    alone = commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
-                                 "--work-dir", tmp_path).stdout)
-    kd = commands(run_example("multi30k/run.py", "--recipe", "literature-kd", "--dry-run",
-                              "--work-dir", tmp_path).stdout)
-    def step_names(recipe):
-        out = run_example("multi30k/run.py", "--recipe", recipe, "--dry-run", "--work-dir",
-                          tmp_path).stdout
-        return re.findall(r"^# \[([^\]]+)\]", out, flags=re.M)
-    # the step names (the markers a finished run left) up to the teacher's tuning, too
-    kd_steps, alone_steps = step_names("literature-kd"), step_names("literature")
-    upto = alone_steps.index("generate-literature")
-    assert kd[:14] == alone[:14] and kd_steps[:upto] == alone_steps[:upto]
-    assert "tune-checkpoints-literature" in kd_steps[:upto]
-    # --max-update is the student's only; the teacher keeps its recipe's 8,000
-    out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--max-update", 500,
-                      "--dry-run", "--work-dir", tmp_path).stdout
-    teacher, student = commands(out)[1], commands(out)[16]
-    assert "--max-update 8000" in teacher and "--max-update 500" in student
-
-
-@pytest.mark.parametrize("args, message", [
-    (("--recipe", "literature-kd", "--teacher-max-update", 0), "must be >= 1"),
-    (("--recipe", "literature", "--teacher-max-update", 100), "has no teacher"),
-])
-def test_multi30k_teacher_max_update_is_checked(tmp_path, args, message):
-    p = run_example("multi30k/run.py", *args, "--dry-run", "--work-dir", tmp_path, check=False)
-    assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr
-
-
-@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
-def test_multi30k_tiny_distillation_end_to_end(tmp_path):
-    p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd", "--work-dir",
-                    tmp_path)
-    assert "case:lc" in p.stdout
-    raw = (tmp_path / "raw-lc" / "train.de").read_text(encoding="utf-8").splitlines()
-    teacher = (tmp_path / "distill-tiny-literature-lc" / "train.teacher.de").read_text(
-        encoding="utf-8").splitlines()
-    src = (tmp_path / "raw-lc" / "train.en").read_text(encoding="utf-8").splitlines()
-    # the student's pairs: the originals, then every source again with the teacher's output
-    assert len(teacher) == len(raw) == len(src) > 0
-    kd = tmp_path / "distill-tiny-literature-lc"
-    assert (kd / "train.de").read_text(encoding="utf-8").splitlines() == raw + teacher
-    assert (kd / "train.en").read_text(encoding="utf-8").splitlines() == src + src
-    meta = json.loads((tmp_path / "data-bin-lc-kd-tiny-literature-lc" / "meta.json").read_text())
-    assert meta["splits"]["train"]["input_lines"] == 2 * len(src)
-    for name in ("subword.de.model", "dict.de.txt"):   # the teacher's codec, byte for byte
-        assert ((tmp_path / "data-bin-lc-kd-tiny-literature-lc" / name).read_bytes()
-                == (tmp_path / "data-bin-lc" / name).read_bytes())
-    assert (tmp_path / "checkpoints-tiny-literature-lc" / "checkpoint_last.pt").is_file()
-    assert fetch.count_lines(tmp_path / "results-tiny" / "test_2016_flickr.hyp.de") == 15
-    again = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd",
-                        "--work-dir", tmp_path)
-    assert "distill-translate-checkpoints-tiny-literature-lc: already complete" in again.stderr
-    assert "$ " not in again.stderr
-    # another teacher length would only resume the finished teacher: refused, in one line
-    other = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-lc-kd",
-                        "--teacher-max-update", 9, "--work-dir", tmp_path, check=False)
-    assert other.returncode != 0 and "Traceback" not in other.stderr
-    assert "checkpoints-tiny-literature-lc holds a run that finished" in other.stderr
-
-
-def test_multi30k_kd_from_given_checkpoints_dry_run(tmp_path):
-    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
-    a.write_bytes(b"x")
-    b.write_bytes(b"y")
-    out = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-checkpoint", a,
-                      "--teacher-checkpoint", b, "--dry-run", "--work-dir", tmp_path).stdout
-    cmds = [c.removeprefix("OMP_NUM_THREADS=2 ") for c in commands(out)]
-    steps = re.findall(r"^# \[([^\]]+)\]", out, flags=re.M)
-    # no teacher is trained: the one nmt-train is the student's
-    trains = [c for c in cmds if c.startswith("nmt-train")]
-    assert len(trains) == 1 and "--max-update 8000" in trains[0]
-    name = next(s for s in steps if s.startswith("tune-given-"))[len("tune-"):]
-    assert re.fullmatch(r"given-[0-9a-f]{8}", name)
-    assert "train-literature" not in steps and f"train-literature-kd-{name}" in steps
-    # the ensemble is tuned on validation with the teacher recipe's grid, then translates
-    ens = f"nmt-generate {a.resolve()} {b.resolve()} --input"
-    tuning = [c for c in cmds if c.startswith(ens) and "val.en" in c]
-    assert len(tuning) == 6 and all(f"results-{name}/" in c for c in tuning)   # its 6 pairs
-    distill = [c for c in cmds if c.startswith(ens) and "train.en" in c]
-    assert len(distill) == 1 and f"distill-{name}/train.teacher.de" in distill[0]
-    assert f"data-bin-10000-kd-{name} --arch" in trains[0]
-    assert f"checkpoints-literature-kd-{name} " in trains[0] + " "
-    assert f"checkpoints-literature-kd-{name}/checkpoint_avg10.pt" in cmds[-3]
-    # the order of the models names another teacher (and another student run)
-    again = run_example("multi30k/run.py", "--recipe", "literature-kd", "--teacher-checkpoint", b,
-                        "--teacher-checkpoint", a, "--dry-run", "--work-dir", tmp_path).stdout
-    assert f"tune-{name}" not in again and "tune-given-" in again
-
-
-@pytest.mark.parametrize("args, message", [
-    (("--recipe", "literature", "--teacher-checkpoint", "{ckpt}"), "has no teacher"),
-    (("--recipe", "literature-kd", "--teacher-checkpoint", "{ckpt}", "--teacher-max-update",
-      5), "give one"),
-    (("--recipe", "literature-kd", "--teacher-checkpoint", "{missing}"), "no such file"),
-])
-def test_multi30k_teacher_checkpoint_is_checked(tmp_path, args, message):
-    ckpt = tmp_path / "t.pt"
-    ckpt.write_bytes(b"x")
-    args = [str(x).format(ckpt=ckpt, missing=tmp_path / "none.pt") for x in args]
-    p = run_example("multi30k/run.py", *args, "--dry-run", "--work-dir", tmp_path, check=False)
-    assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr
-
-
-@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
-def test_multi30k_tiny_distillation_from_an_ensemble_of_given_models(tmp_path):
-    first = tmp_path / "first"
-    run_example("multi30k/run.py", "--tiny", "--stages", "data,preprocess,train", "--work-dir",
-                first)                                   # a trained model, not decoded
-    teacher = first / "checkpoints-tiny" / "checkpoint_last.pt"
-    work = tmp_path / "kd"
-    p = run_example("multi30k/run.py", "--tiny", "--recipe", "literature-kd",
-                    "--teacher-checkpoint", teacher, "--teacher-checkpoint", teacher,
-                    "--work-dir", work)
-    assert "BLEU|nrefs:1" in p.stdout
-    name = next(d.name for d in work.iterdir() if d.name.startswith("distill-given-"))
-    name = name[len("distill-"):]
-    src = (work / "raw" / "train.en").read_text(encoding="utf-8").splitlines()
-    raw = (work / "raw" / "train.de").read_text(encoding="utf-8").splitlines()
-    hyp = (work / f"distill-{name}" / "train.teacher.de").read_text(
-        encoding="utf-8").splitlines()
-    assert len(hyp) == len(src) > 0
-    assert (work / f"distill-{name}" / "train.de").read_text(
-        encoding="utf-8").splitlines() == raw + hyp
-    # the ensemble of one model twice translates as that model alone, with the beam and
-    # alpha its tuning on validation chose
-    best = json.loads((work / f"results-{name}" / "tuning.json").read_text())["best"]
-    alone = subprocess.run(["nmt-generate", str(teacher), "--input", str(work / "raw" / "train.en"),
-                            "--beam", str(best["beam"]), "--lenpen", str(best["alpha"]),
-                            "--max-len-a", "1", "--max-len-b", "50", "--device", "cpu",
-                            "--threads", "1"], capture_output=True, text=True, env=ENV,
-                           timeout=240, check=True).stdout.splitlines()
-    assert hyp == alone
-    assert not list(work.glob("checkpoints-tiny-literature*"))       # no teacher trained
-    assert (work / f"checkpoints-tiny-{name}" / "checkpoint_last.pt").is_file()
-    assert fetch.count_lines(work / f"results-tiny-{name}" / "test_2016_flickr.hyp.de") == 15
+    assert "--rdrop-alpha" not in plain and "--max-tokens 4096" in plain
 
 
 @pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
@@ -388,7 +182,7 @@ def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
 
 
 def test_validate_command_rejects_bad_options():
-    validate_command(["nmt-train", "d", "--max-update", "5", "-o", "dropout=0.1"])
+    validate_command(["nmt-train", "d", "--max-update", "5", "--override", "dropout=0.1"])
     with pytest.raises(NmtError, match="no such option --max-updates"):
         validate_command(["nmt-train", "d", "--max-updates", "5"])
     with pytest.raises(NmtError, match="--subword"):
@@ -439,6 +233,50 @@ def test_wmt14_en_fr_tiny_data_and_preprocess(tmp_path):
 def test_wmt14_en_fr_tiny_end_to_end(tmp_path):
     p = run_example("wmt14_en_fr/run.py", "--tiny", "--jobs", 1, "--work-dir", tmp_path)
     assert "tok-BLEU" in p.stdout
+    assert "the paper (Table 2), transformer_base: tok-BLEU 38.1" in p.stdout
+
+
+@pytest.mark.parametrize("per_update,gpus,cap,expected", [
+    (25000, 1, 3125, (3125, 8)),         # the defaults: 8 x 3,125
+    (25000, 8, 3125, (3125, 1)),
+    (25000, 2, 3125, (3125, 4)),
+    (25000, 1, 4096, (3572, 7)),         # 7 x 3,572 = 25,004, not 7 x 4,096 = 28,672
+    (25000, 4, 5000, (3125, 2)),
+])
+def test_wmt14_update_is_split_evenly_under_the_cap(per_update, gpus, cap, expected):
+    from common.wmt14 import update_batches
+
+    max_tokens, update_freq = update_batches(per_update, gpus, cap)
+    assert (max_tokens, update_freq) == expected
+    assert max_tokens <= cap
+    assert per_update <= gpus * max_tokens * update_freq < per_update + gpus * update_freq
+
+
+def test_wmt14_a_micro_batch_larger_than_the_update_is_refused(tmp_path):
+    p = run_example("wmt14_en_de/run.py", "--dry-run", "--gpus", 8, "--max-tokens", 6000,
+                    "--stages", "train", "--work-dir", tmp_path, check=False)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "--gpus 8 x --max-tokens 6000 = 48,000 tokens per update" in p.stderr
+    assert "lower --max-tokens to 3125" in p.stderr
+
+
+@pytest.mark.slow        # two tiny trainings and their decodings, about 30 s
+def test_multi30k_seeds_report_the_ensemble_beside_the_single_model(tmp_path):
+    p = run_example("multi30k/run.py", "--tiny", "--seeds", 2, "--work-dir", tmp_path)
+    single, ensemble = tmp_path / "results-tiny", tmp_path / "results-tiny-ensemble2"
+    for results in (single, ensemble):
+        assert fetch.count_lines(results / "test_2016_flickr.hyp.de") == 15
+        assert (results / "tuning.json").is_file() and (results / "scores.txt").is_file()
+    seed2 = load_checkpoint(tmp_path / "checkpoints-tiny-seed2" / "checkpoint_last.pt")
+    assert seed2["train_config"]["seed"] == 2
+    # both results printed, the single model's first
+    assert p.stdout.count("BLEU|nrefs:1") == 2
+    assert p.stdout.index("ensemble of 2 seeds:") > p.stdout.index("BLEU|nrefs:1")
+    # the ensemble is tuned and decoded with both checkpoints
+    decode = next(line for line in p.stderr.splitlines() if "nmt-generate" in line
+                  and "results-tiny-ensemble2/test_2016_flickr" in line)
+    assert "checkpoints-tiny/checkpoint_last.pt" in decode
+    assert "checkpoints-tiny-seed2/checkpoint_last.pt" in decode
 
 
 def test_multi30k_tiny_end_to_end(tmp_path):
@@ -674,7 +512,7 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     assert f"--validpref {work}/text/valid " in preprocess
     assert "--subword none --joined-dictionary --threshold 4" in preprocess
     assert "--vocab-size" not in preprocess
-    for opt in ["--arch transformer_small", "-o dropout=0.3", "--max-update 6250",
+    for opt in ["--arch transformer_small", "--override dropout=0.3", "--max-update 6250",
                 "--max-tokens 4096", "--best-checkpoint-metric bracket-f1", "--valid-beam 4",
                 "--lr-period 750",
                 "--valid-lenpen 1.0 --valid-max-len-a 1 --valid-max-len-b 300",
@@ -887,7 +725,7 @@ def test_multi30k_a_shorter_max_update_than_the_finished_run_is_refused(tmp_path
 def test_multi30k_stages_without_tune_decode_with_the_tuned_pair(tmp_path):
     """--stages generate,score after a full run: the beam and alpha the tune stage chose on
     val, not the recipe's defaults (the test decode is not redone with other settings)."""
-    args = ("--tiny", "--recipe", "literature-lc", "--work-dir", tmp_path)
+    args = ("--tiny", "--recipe", "literature", "--work-dir", tmp_path)
     run_example("multi30k/run.py", *args)
     best = json.loads((tmp_path / "results-tiny" / "tuning.json").read_text())["best"]
     again = run_example("multi30k/run.py", *args, "--stages", "generate,score")

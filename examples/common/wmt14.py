@@ -93,6 +93,8 @@ class PairSpec:
     vocab_size: int
     paper_pairs: int        # training pairs the paper reports (section 5.1)
     models: dict = field(default_factory=dict)
+    # Table 2's BLEU of each model (tokenized, compound split): printed beside the scores
+    paper_bleu: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -112,6 +114,7 @@ EN_DE = PairSpec(
                  3003),
     subword="bpe", vocab_size=37000, paper_pairs=4_500_000,
     models={"base": BASE, "big": BIG},
+    paper_bleu={"base": 27.3, "big": 28.4},
 )
 
 EN_FR = PairSpec(
@@ -127,6 +130,7 @@ EN_FR = PairSpec(
     subword="wordpiece", vocab_size=32000, paper_pairs=36_000_000,
     # "The Transformer (big) model trained for English-to-French used dropout rate 0.1".
     models={"base": BASE, "big": replace(BIG, overrides=("dropout=0.1",))},
+    paper_bleu={"base": 38.1, "big": 41.8},
 )
 
 # Tiny mode: the whole chain for real on tests/fixtures/examples/wmt14, in seconds on a CPU.
@@ -269,11 +273,10 @@ def model_stages(r: Recipe, spec: PairSpec, args: argparse.Namespace, stages: se
         if args.tiny:
             max_tokens, update_freq = 512, 1
         else:
-            # ~25000 tokens per update (section 5.1) = gpus x max_tokens x update_freq.
-            max_tokens = args.max_tokens
-            update_freq = max(1, math.ceil(args.tokens_per_update / (gpus * max_tokens)))
+            max_tokens, update_freq = update_batches(args.tokens_per_update, gpus,
+                                                     args.max_tokens)
         cmd = ["nmt-train", data_bin, "--arch", preset.arch,
-               *[w for o in preset.overrides for w in ("-o", o)],
+               *[w for o in preset.overrides for w in ("--override", o)],
                "--max-tokens", max_tokens, "--update-freq", update_freq,
                "--max-update", preset.max_update, "--save-dir", save_dir,
                "--save-interval-updates", preset.save_interval_updates,
@@ -332,6 +335,25 @@ def model_stages(r: Recipe, spec: PairSpec, args: argparse.Namespace, stages: se
                describe="tokenized compound-split BLEU and sacreBLEU on newstest2014")
         if not r.dry_run:
             print(score_file.read_text(encoding="utf-8"), end="")
+            print(f"the paper (Table 2), transformer_{args.model}: tok-BLEU "
+                  f"{spec.paper_bleu[args.model]} (examples/wmt14_{spec.src}_{spec.tgt}/"
+                  f"README.md, Targets: how it compares with the figures above)")
+
+
+def update_batches(tokens_per_update: int, gpus: int, cap: int) -> tuple[int, int]:
+    """(--max-tokens, --update-freq) for about ``tokens_per_update`` tokens per update on
+    ``gpus`` GPUs with micro-batches of at most ``cap`` tokens: the fewest micro-batches per
+    update, each as large as an even split needs (25,000 on 1 GPU with a cap of 4,096: 7 x
+    3,572, not 7 x 4,096 = 28,672). A cap that alone exceeds the update on every GPU is an
+    error: the batch would grow past the paper's while its learning-rate schedule stays."""
+    if gpus * cap > tokens_per_update * 1.05:
+        raise NmtError(f"--gpus {gpus} x --max-tokens {cap} = {gpus * cap:,} tokens per "
+                       f"update, more than --tokens-per-update {tokens_per_update:,}: the "
+                       f"paper's learning-rate schedule goes with its batch; lower --max-tokens "
+                       f"to {tokens_per_update // gpus} or less, or raise --tokens-per-update "
+                       f"if a larger batch is what you want")
+    update_freq = max(1, math.ceil(tokens_per_update / (gpus * cap)))
+    return math.ceil(tokens_per_update / (gpus * update_freq)), update_freq
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -366,10 +388,13 @@ def main(spec: PairSpec, prog: str, argv: list[str] | None = None) -> None:
     ap.add_argument("--gpus", type=int, default=1,
                     help="GPUs on this machine; >1 launches torchrun (default: 1)")
     ap.add_argument("--max-tokens", type=int, default=3125,
-                    help="tokens per micro-batch and GPU; raise it on big-memory GPUs "
-                         "(default: %(default)s, i.e. 25000 on 8 GPUs)")
+                    help="the most tokens per micro-batch and GPU; raise it on big-memory GPUs "
+                         "to take fewer, larger micro-batches per update (the update stays "
+                         "--tokens-per-update) (default: %(default)s, i.e. 25000 on 8 GPUs)")
     ap.add_argument("--tokens-per-update", type=int, default=25000,
-                    help="the paper's batch; --update-freq is derived from it (default: 25000)")
+                    help="the paper's batch, in nmt-train's --max-tokens units (padded "
+                         "positions of each pair's longer side); --max-tokens and --update-freq "
+                         "are derived from it (default: 25000)")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                     help="fp32 as the paper; bf16 is ~2x faster on A100/H100")
     ap.add_argument("--seed", type=int, default=1)

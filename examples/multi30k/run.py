@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import fetch  # noqa: E402
 from common.recipe import REPO_ROOT, Recipe, log, run_main, setup_logging  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
-from nmt.io import atomic_write  # noqa: E402
 
 STAGES = ("data", "preprocess", "train", "tune", "generate", "score")
 RAW_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.gz"
@@ -72,21 +70,7 @@ class TrainingRecipe:
     # (beam, alpha) pairs tried on the validation split by the tune stage; the best by the
     # literature's metric (lowercased multi-bleu) decodes the test set. Empty: beam, lenpen.
     tune: tuple[tuple[int, float], ...] = ()
-    # BPE-dropout on the training split (nmt-preprocess --bpe-dropout P --bpe-dropout-copies K)
-    bpe_dropout: float = 0.0
-    bpe_dropout_copies: int = 20
-    # Train and decode on lowercased text, as Wu et al. and the Multi30k papers do (their
-    # data is the lowercased release); scores are then case-insensitive throughout.
-    lowercase: bool = False
-    # Moses-tokenize before the subwords are learned (nmt-preprocess --moses; decoding
-    # detokenizes), as the literature's BPE was learned on the tokenized release.
-    moses: bool = False
-    # Sequence-level knowledge distillation (Kim & Rush 2016): the recipe named here is
-    # trained first in the same work dir (or found there), its tuned model translates the
-    # training source, and this recipe trains on the original pairs plus those translations.
-    teacher: str = ""
     max_tokens: int = 4096         # nmt-train --max-tokens
-    update_freq: int = 1           # nmt-train --update-freq (micro-batches per update)
     rdrop_alpha: float = 0.0       # nmt-train --rdrop-alpha (R-Drop; 0: off)
 
 
@@ -101,7 +85,7 @@ RECIPES = {
     # Wu et al. 2021's text-only Transformer-tiny on nmt: 4+4 layers, d_model 128, FFN 256,
     # 4 heads, dropout 0.3, peak learning rate 0.005 after 2,000 warm-up updates (eq. 5 peaks
     # at 128^-0.5 * 2000^-0.5 = 0.001976, x2.53), 8,000 updates of 4,096 tokens (theirs: of
-    # 2 x 4,096, see literature-batch8k), all embeddings shared, a joined vocabulary of 10k,
+    # 2 x 4,096, on two GPUs), all embeddings shared, a joined vocabulary of 10k,
     # the last 10 checkpoints averaged.
     # Why: examples/multi30k/README.md, "The literature recipe".
     "literature": TrainingRecipe(
@@ -126,43 +110,9 @@ RECIPES = {
                            extra=("--save-interval-updates", "100", "--keep-last", "2"),
                            average=False, max_tokens=2500),
 }
-# The literature grid with alpha 2.0 added, for the variants below.
+# The literature grid with alpha 2.0 added: on the literature run, val rose with alpha up to
+# the grid's end (1.5).
 WIDE_TUNE = tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5, 2.0))
-# The literature recipe with subword regularization: the training split is 20 copies of the
-# corpus, each segmented with BPE-dropout 0.1 (Provilkov et al. 2020), so that over 8,000
-# updates the model sees every sentence split in many ways; validation and test keep the one
-# deterministic segmentation. alpha 2.0 joins the grid: on the literature run, val rose with
-# alpha up to the grid's end (1.5). Why: examples/multi30k/README.md.
-RECIPES["literature-bpe-dropout"] = replace(
-    RECIPES["literature"], bpe_dropout=0.1, bpe_dropout_copies=20,
-    tune=WIDE_TUNE)
-# The literature recipe on the literature's own text: source and target lowercased before the
-# subwords are learned (Wu et al. trained on the lowercased Multi30k release). The model then
-# writes lowercased German, so sacreBLEU is reported case-insensitive (-lc) beside multi-bleu.
-RECIPES["literature-lc"] = replace(RECIPES["literature"], lowercase=True, tune=WIDE_TUNE)
-# ... and Moses-tokenized before the joined BPE, the literature's whole preprocessing (Wu et
-# al. learned 10k BPE merges on the tokenized, lowercased release): punctuation and clitics
-# become tokens of their own instead of pieces glued to words by sentencepiece.
-RECIPES["literature-lc-moses"] = replace(RECIPES["literature-lc"], moses=True)
-# The literature recipe with Wu et al.'s batch: their README trains on two GPUs
-# (CUDA_VISIBLE_DEVICES=0,1, and fairseq's --distributed-world-size defaults to every visible
-# GPU), so each of their updates summed 2 x 4,096 tokens. Here: 2 micro-batches of 4,096 per
-# update for 4,000 updates, the plain recipe's tokens (8,000 x 4,096) in half the updates; the
-# rate schedule does not depend on the length, so they are the first 4,000 of Wu et al.'s
-# 8,000, which would take 3.4-3.7 h on 2 CPU threads. A checkpoint every 100 updates and the
-# last 10 averaged: ~15 epochs, the same window as the plain recipe's (10 x 200 x 4,096).
-# Every save is validated, so no --validate-interval-updates (the plain recipe's 1000 adds none).
-# Why: examples/multi30k/README.md, "Variants".
-RECIPES["literature-batch8k"] = replace(
-    RECIPES["literature"], max_update=4000, update_freq=2, tune=WIDE_TUNE,
-    extra=("--save-interval-updates", "100", "--keep-last", "12", "--average-last", "10",
-           "--valid-bleu"))
-# Sequence-level knowledge distillation from the recipes above: a student of the same size,
-# trained from scratch for the same updates on the 29,000 original pairs plus the 29,000
-# source sentences with the teacher's beam-search translations (its averaged model, beam and
-# alpha chosen on validation). Why: examples/multi30k/README.md, "Variants".
-RECIPES["literature-kd"] = replace(RECIPES["literature"], tune=WIDE_TUNE, teacher="literature")
-RECIPES["literature-lc-kd"] = replace(RECIPES["literature-lc"], teacher="literature-lc")
 # R-Drop (Liang et al. 2021) on the literature recipe: each batch twice through the model with
 # different dropout masks, alpha 5 (the paper's for its small-data IWSLT translation tasks)
 # times the symmetric KL divergence of the two passes added to the loss. To keep the update's
@@ -234,15 +184,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default: 2)")
     ap.add_argument("--max-update", type=int, default=None,
                     help="change the recipe's number of updates (small: 1000, converge: 3000)")
-    ap.add_argument("--teacher-max-update", type=int, default=None,
-                    help="a distillation recipe (-kd): the teacher's number of updates "
-                         "(default: its recipe's; its run in the same --work-dir is reused)")
-    ap.add_argument("--teacher-checkpoint", action="append", type=Path, default=[],
-                    metavar="CKPT",
-                    help="a distillation recipe (-kd): distill from this trained model "
-                         "instead of training the teacher recipe; repeat it for an ensemble "
-                         "(beam and alpha tuned on validation with the teacher recipe's grid; "
-                         "the student's run is named after these checkpoints)")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="train the recipe N times with seeds 1..N, one after another (seed "
+                         "1's run is the single model), and report their ensemble beside the "
+                         "single model, its beam and alpha tuned on val (default: 1)")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -275,50 +220,37 @@ def get_data(r: Recipe, raw: Path, source, tgt: str, tiny: bool, no_verify: bool
             (f"{s}.en", f"{s}.{tgt}") for s in ("train", "val", "test_2016_flickr")])
 
 
-def lowercase_data(r: Recipe, raw: Path, dest: Path, tgt: str) -> None:
-    """DEST/NAME: RAW/NAME lowercased (str.lower), for every split and side."""
-    for split in ("train", "val", "test_2016_flickr"):
-        for lang in ("en", tgt):
-            src, out = raw / f"{split}.{lang}", dest / f"{split}.{lang}"
-
-            def action(src=src, out=out) -> None:
-                dest.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_name(out.name + ".tmp")
-                tmp.write_text(src.read_text(encoding="utf-8").lower(), encoding="utf-8")
-                os.replace(tmp, out)
-            r.step(f"lowercase-{split}.{lang}", [out], action, inputs=[src], python=True,
-                   describe=f"lowercase {split}.{lang}")
-
-
 def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: str,
-                  max_update: int | None) -> list:
-    """The nmt-train command of ``recipe`` with ``max_update`` updates (None: the recipe's)."""
+                  max_update: int | None, seed: int = 1) -> list:
+    """The nmt-train command of ``recipe`` with ``max_update`` updates (None: the recipe's)
+    and ``seed`` (1, nmt-train's default, is not written: a run started before --seeds
+    existed is the same run)."""
+    seeded = ["--seed", seed] if seed != 1 else []
     if args.tiny:
         return ["nmt-train", data_bin, "--arch", "transformer_tiny", "--max-tokens", 512,
                 "--max-update", max_update or 6, "--warmup", 4, "--save-dir", save_dir,
-                "--device", "cpu", "--threads", threads, "--keep-last", 1]
+                "--device", "cpu", "--threads", threads, "--keep-last", 1, *seeded]
     rec = RECIPES[recipe]
-    overrides = [x for o in rec.overrides for x in ("-o", o)]
+    overrides = [x for o in rec.overrides for x in ("--override", o)]
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", rec.max_tokens,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
             *(["--lr-scale", rec.lr_scale] if rec.lr_scale != 1.0 else []),
-            *(["--update-freq", rec.update_freq] if rec.update_freq != 1 else []),
             *(["--rdrop-alpha", rec.rdrop_alpha] if rec.rdrop_alpha else []),
-            "--save-dir", save_dir, *rec.extra, "--device", "cpu", "--threads", threads]
+            "--save-dir", save_dir, *rec.extra, "--device", "cpu", "--threads", threads,
+            *seeded]
 
 
 # --tiny tries two settings, so that the tune stage runs for real in seconds.
 TINY_TUNE = ((1, 0.6), (2, 1.0))
 
 
-def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, float],
-         models: list[Path], raw: Path, results: Path, tgt: str, threads: int,
-         text: Path | None = None, name: str | None = None) -> tuple[int, float]:
-    """Decode the validation split with each (beam, alpha) of ``grid``, score it as the
-    literature does (lowercased, Moses-tokenized multi-bleu) and return the best pair (ties:
-    the first; ``default`` in a dry run); the table goes to RESULTS/tuning.json. The test set
-    is not looked at. ``models``: one checkpoint, or an ensemble; ``name`` names the step
-    (default: the first model's folder)."""
+def tune(r: Recipe, name: str, grid: tuple[tuple[int, float], ...],
+         default: tuple[int, float], models: list[Path], raw: Path, results: Path, tgt: str,
+         threads: int) -> tuple[int, float]:
+    """Decode the validation split with ``models`` (several: their ensemble) and each (beam,
+    alpha) of ``grid``, score it as the literature does (lowercased, Moses-tokenized
+    multi-bleu) and return the best pair (ties: the first; ``default`` in a dry run); the
+    table goes to RESULTS/tuning.json. The test set is not looked at."""
     out = results / "tuning.json"
 
     def action() -> None:
@@ -328,7 +260,7 @@ def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, flo
         for beam, alpha in grid:
             hyp = results / f"val.beam{beam}.alpha{alpha}.hyp.{tgt}"
             score = hyp.with_name(hyp.name + ".multi-bleu.json")
-            r.sh(["nmt-generate", *models, "--input", (text or raw) / "val.en", "--output", hyp,
+            r.sh(["nmt-generate", *models, "--input", raw / "val.en", "--output", hyp,
                   "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
                   "--device", "cpu", "--threads", threads, "--overwrite"])
             r.sh(["nmt-score", "--hyp", hyp, "--ref", raw / f"val.{tgt}", "--metric",
@@ -341,7 +273,7 @@ def tune(r: Recipe, grid: tuple[tuple[int, float], ...], default: tuple[int, flo
             out.write_text(json.dumps({"rows": rows, "best": best}, indent=2) + "\n")
             print("".join(f"valid beam {x['beam']} alpha {x['alpha']}: multi-bleu "
                           f"{x['multi_bleu']:.2f}\n" for x in rows), end="")
-    r.step(f"tune-{name or models[0].parent.name}", [out], action, inputs=models,
+    r.step(name, [out], action, inputs=models,
            params={"grid": [list(x) for x in grid]},
            describe="beam and alpha by lowercased multi-bleu on the validation split")
     if r.dry_run or not out.exists():
@@ -356,59 +288,11 @@ def final_model(save_dir: Path, rec: TrainingRecipe, tiny: bool) -> Path:
                        else "checkpoint_last.pt")
 
 
-def distill(r: Recipe, models: list[Path], name: str, beam: int, alpha: float, text: Path,
-            dest: Path, tgt: str, threads: int) -> Path:
-    """Sequence-level knowledge distillation data (Kim & Rush 2016): the teacher (``models``,
-    an ensemble when several; ``name`` names the steps) translates TEXT/train.en (beam,
-    alpha); DEST/train.{en,TGT} are then the original pairs followed by the source sentences
-    again with the teacher's translations. Returns the training prefix DEST/train."""
-    hyp = dest / f"train.teacher.{tgt}"
-    cmd = ["nmt-generate", *models, "--input", text / "train.en", "--output", hyp,
-           "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
-           "--device", "cpu", "--threads", threads]
-
-    def translate() -> None:
-        if not r.dry_run:
-            dest.mkdir(parents=True, exist_ok=True)
-        r.sh(cmd)
-    r.step(f"distill-translate-{name}", [hyp], translate,
-           inputs=[*models, text / "train.en"],
-           params={"cmd": cmd}, describe=f"the teacher translates train.en (beam {beam}, "
-                                         f"alpha {alpha})")
-    outs = [dest / "train.en", dest / f"train.{tgt}"]
-
-    def concat() -> None:
-        for out, parts in ((outs[0], [text / "train.en", text / "train.en"]),
-                           (outs[1], [text / f"train.{tgt}", hyp])):
-            with atomic_write(out, "wb") as f:
-                for part in parts:
-                    data = part.read_bytes()
-                    f.write(data if not data or data.endswith(b"\n") else data + b"\n")
-        fetch.check_line_counts({o.name: o for o in outs}, parallel=[(outs[0].name, outs[1].name)])
-    r.step(f"distill-data-{name}", outs, concat, python=True,
-           inputs=[text / "train.en", text / f"train.{tgt}", hyp],
-           describe="training pairs: the originals, then the sources with the teacher's "
-                    "translations")
-    return dest / "train"
-
-
-def finished_elsewhere(save_dir: Path):
-    """For Recipe.step(on_stale=...): a training step that had finished and must run again
-    because its data or command changed (in a distillation recipe: another teacher) would
-    only resume the finished run in SAVE_DIR, keeping a model of the old inputs; refuse."""
-    def refuse() -> None:
-        if (save_dir / "checkpoint_last.pt").exists():
-            raise NmtError(f"{save_dir} holds a run that finished on other data or options "
-                           f"(e.g. another teacher or --teacher-max-update); delete that "
-                           f"folder to train it again, or use another --work-dir")
-    return refuse
-
-
 def drop_partial(output: Path) -> None:
     """For Recipe.step(on_stale=...) of a decoding step whose command changed: remove what an
     interrupted run of the old command left beside OUTPUT (nmt-generate refuses to resume it
     with another command), so that the new one starts afresh."""
-    from nmt.batch.resume import JOURNAL, PARTIAL
+    from nmt.batch.resumable import JOURNAL, PARTIAL
 
     for suffix in (JOURNAL, PARTIAL):
         output.with_name(output.name + suffix).unlink(missing_ok=True)
@@ -433,64 +317,64 @@ def not_past(save_dir: Path, max_update: int):
     return refuse
 
 
-def teacher_name(args) -> str:
-    """The teacher's run name in the work dir: its recipe's (tiny-RECIPE with --tiny), or with
-    --teacher-checkpoint "given-" and a digest of the checkpoints' resolved paths, in order."""
-    if args.teacher_checkpoint:
-        paths = "\n".join(str(p.resolve()) for p in args.teacher_checkpoint)
-        return "given-" + hashlib.sha256(paths.encode("utf-8")).hexdigest()[:8]
-    teacher = RECIPES[args.recipe].teacher
-    return f"tiny-{teacher}" if args.tiny else teacher
+@dataclass(frozen=True)
+class Decoding:
+    """What the tune, generate and score stages decode with, and under which names."""
+
+    name: str                 # step names: generate-NAME, score-NAME, score-multi-bleu-NAME
+    tune_name: str
+    models: list[Path]        # one checkpoint, or several decoded as an ensemble
+    results: Path
 
 
-def teach(r: Recipe, args, rec: TrainingRecipe, data_bin: Path, raw: Path, text: Path,
-          stages: set[str], threads: int) -> Path:
-    """The teacher's part of a distillation recipe, in the train stage: train and tune the
-    teacher recipe in this work dir (skipped when its run is complete; with
-    --teacher-checkpoint, tune those models, an ensemble when several, instead), let it
-    translate the training source, binarize originals + translations with the recipe's
-    subwords and dictionary. Returns the student's data directory."""
-    t_rec = RECIPES[rec.teacher]
-    # the teacher trains on the student's data directory under its own recipe's step names
-    shared = ("vocab", "lowercase", "moses", "bpe_dropout")
-    if any(getattr(t_rec, k) != getattr(rec, k) for k in shared):
-        raise NmtError(f"recipe {args.recipe}: its teacher {rec.teacher} must share its "
-                       f"vocabulary, lowercasing, tokenization and BPE-dropout")
-    t_run = teacher_name(args)
-    kd_bin = data_bin.with_name(f"{data_bin.name}-kd-{t_run}")
-    if "train" not in stages:
-        return kd_bin
-    tgt = args.target
-    if args.teacher_checkpoint:
-        t_models, name = [p.resolve() for p in args.teacher_checkpoint], t_run
-    else:
-        t_save = r.work_dir / f"checkpoints-{t_run}"
-        t_model = final_model(t_save, t_rec, args.tiny)
-        # the teacher's own updates (never the student's --max-update)
-        cmd = train_command(args, data_bin, t_save, threads, rec.teacher,
-                            args.teacher_max_update)
-        r.step(f"train-{t_run}", [t_model], lambda: r.sh(cmd), inputs=[data_bin],
-               params={"cmd": cmd}, on_stale=finished_elsewhere(t_save),
-               describe="train the teacher; resumes from checkpoint_last.pt after an "
-                        "interruption")
-        t_models, name = [t_model], t_model.parent.name
-    grid = TINY_TUNE if args.tiny else t_rec.tune
-    beam, alpha = (tune(r, grid, (t_rec.beam, t_rec.lenpen), t_models, raw,
-                        r.work_dir / f"results-{t_run}", tgt, threads, text, name=name)
-                   if grid else (t_rec.beam, t_rec.lenpen))
-    prefix = distill(r, t_models, name, beam, alpha, text, r.work_dir / f"distill-{t_run}", tgt,
-                     threads)
-    cmd_pre = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", prefix,
-               "--validpref", text / "val", "--testpref", text / "test_2016_flickr",
-               "--destdir", kd_bin, "--overwrite", "--reuse-vocab", data_bin,
-               "--workers", threads]
-    r.step(f"preprocess-kd-{t_run}", [kd_bin], lambda: r.sh(cmd_pre),
-           inputs=[prefix.with_name("train.en"), prefix.with_name(f"train.{tgt}"), data_bin,
-                   *(text / f"{split}.{lang}" for split in ("val", "test_2016_flickr")
-                     for lang in ("en", tgt))],
-           params={"cmd": cmd_pre},
-           describe="binarize the distilled training pairs with the recipe's subwords")
-    return kd_bin
+def decode_and_score(r: Recipe, stages: set[str], d: Decoding, grid, default: tuple[int, float],
+                     raw: Path, tgt: str, threads: int) -> None:
+    """Tune beam and alpha on val (when the recipe has a grid), translate the test set once
+    with the chosen pair, score it; print the scores."""
+    results = d.results
+    hyp, scores = results / f"test_2016_flickr.hyp.{tgt}", results / "scores.txt"
+    beam, lenpen = default
+    if "tune" in stages and grid:
+        beam, lenpen = tune(r, d.tune_name, grid, default, d.models, raw, results, tgt,
+                            threads)
+    elif grid and (results / "tuning.json").exists() and not r.dry_run:
+        # --stages without tune: the pair an earlier tune stage chose, not the defaults
+        best = json.loads((results / "tuning.json").read_text())["best"]
+        beam, lenpen = int(best["beam"]), float(best["alpha"])
+        log.info("beam %d, alpha %g: chosen on val by the tune stage (%s)", beam, lenpen,
+                 results / "tuning.json")
+    if "generate" in stages:
+        cmd = ["nmt-generate", *d.models, "--input", raw / "test_2016_flickr.en",
+               "--output", hyp, "--beam", beam, "--lenpen", lenpen, "--max-len-a", 1,
+               "--max-len-b", 50, "--device", "cpu", "--threads", threads]
+
+        def generate() -> None:
+            if not r.dry_run:
+                results.mkdir(parents=True, exist_ok=True)
+            r.sh(cmd)
+        what = f"an ensemble of {len(d.models)}, " if len(d.models) > 1 else ""
+        r.step(f"generate-{d.name}", [hyp], generate, inputs=d.models, params={"cmd": cmd},
+               on_stale=lambda: drop_partial(hyp),
+               describe=f"{what}beam {beam}, alpha {lenpen}, max length source + 50")
+    if "score" in stages:
+        cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
+               "--metric", "bleu,chrf,tok-bleu", "--lang", tgt]
+        r.step(f"score-{d.name}", [scores], lambda: r.sh(cmd, stdout=scores), inputs=[hyp],
+               params={"cmd": cmd}, describe="sacreBLEU, chrF, tokenized BLEU on "
+                                             "test_2016_flickr")
+        # The literature's footing (Wu et al. 2021 and the Multi30k papers): lowercased,
+        # punctuation-normalized, Moses-tokenized multi-bleu.
+        lit = results / "scores-multi-bleu.txt"
+        lit_cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
+                   "--metric", "multi-bleu", "--lowercase", "--lang", tgt]
+        r.step(f"score-multi-bleu-{d.name}", [lit], lambda: r.sh(lit_cmd, stdout=lit),
+               inputs=[hyp], params={"cmd": lit_cmd},
+               describe="lowercased, Moses-tokenized multi-bleu on test_2016_flickr")
+        if not r.dry_run:
+            if len(d.models) > 1:
+                print(f"ensemble of {len(d.models)} seeds:")
+            print(scores.read_text(encoding="utf-8"), end="")
+            print(lit.read_text(encoding="utf-8"), end="")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -502,20 +386,9 @@ def main(argv: list[str] | None = None) -> None:
         if stages - set(STAGES):
             raise NmtError(f"unknown stage(s) {', '.join(sorted(stages - set(STAGES)))}; "
                            f"choose from {', '.join(STAGES)} or all")
-        if args.threads < 1 or any(x is not None and x < 1
-                                   for x in (args.max_update, args.teacher_max_update)):
-            raise NmtError("--threads, --max-update and --teacher-max-update must be >= 1")
-        for given, option in ((args.teacher_max_update is not None, "--teacher-max-update"),
-                              (bool(args.teacher_checkpoint), "--teacher-checkpoint")):
-            if given and not RECIPES[args.recipe].teacher:
-                raise NmtError(f"{option}: recipe {args.recipe} has no teacher (a "
-                               f"distillation recipe ends in -kd)")
-        if args.teacher_checkpoint and args.teacher_max_update is not None:
-            raise NmtError("--teacher-max-update trains the teacher recipe; "
-                           "--teacher-checkpoint uses trained models instead: give one")
-        for ckpt in args.teacher_checkpoint:
-            if not ckpt.is_file():
-                raise NmtError(f"--teacher-checkpoint {ckpt}: no such file")
+        if args.threads < 1 or args.seeds < 1 or (args.max_update is not None
+                                                  and args.max_update < 1):
+            raise NmtError("--threads, --seeds and --max-update must be >= 1")
         source = FIXTURES if args.tiny else args.multi30k_dir
         if source is not None and not Path(source).is_dir():
             raise NmtError(f"{source}: no such folder")
@@ -527,87 +400,49 @@ def main(argv: list[str] | None = None) -> None:
         vocab = 250 if args.tiny else rec.vocab
         raw = r.work_dir / "raw"
         data_bin = r.work_dir / ("data-bin" if vocab in (250, 8000) else f"data-bin-{vocab}")
-        dropout = () if args.tiny or not rec.bpe_dropout else (
-            "--bpe-dropout", rec.bpe_dropout, "--bpe-dropout-copies", rec.bpe_dropout_copies)
-        if dropout:
-            data_bin = data_bin.with_name(f"{data_bin.name}-bpe-dropout{rec.bpe_dropout}"
-                                          f"x{rec.bpe_dropout_copies}")
         run = "tiny" if args.tiny else args.recipe
-        if args.teacher_checkpoint:     # a student of given models: a run of its own
-            run = f"{run}-{teacher_name(args)}"
-        save_dir, results = r.work_dir / f"checkpoints-{run}", r.work_dir / f"results-{run}"
-        model = final_model(save_dir, rec, args.tiny)
-        hyp, scores = results / f"test_2016_flickr.hyp.{tgt}", results / "scores.txt"
+        # seed k's run; seed 1's is the single-model run, in the folder it always had
+        save_dirs = [r.work_dir / (f"checkpoints-{run}" if k == 1
+                                   else f"checkpoints-{run}-seed{k}")
+                     for k in range(1, args.seeds + 1)]
+        models = [final_model(d, rec, args.tiny) for d in save_dirs]
 
         if "data" in stages:
             get_data(r, raw, source, tgt, args.tiny, args.no_verify)
-        # text: what the model reads and writes (raw, or raw lowercased); references stay raw
-        text = raw
-        if rec.lowercase:
-            text = r.work_dir / "raw-lc"
-            data_bin = data_bin.with_name(data_bin.name + "-lc")
-            if "preprocess" in stages:
-                lowercase_data(r, raw, text, tgt)
-        if rec.moses:
-            data_bin = data_bin.with_name(data_bin.name + "-moses")
         if "preprocess" in stages:
-            cmd = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", text / "train",
-                   "--validpref", text / "val", "--testpref", text / "test_2016_flickr",
+            cmd = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", raw / "train",
+                   "--validpref", raw / "val", "--testpref", raw / "test_2016_flickr",
                    "--destdir", data_bin, "--overwrite", "--subword", "bpe",
-                   "--joined-dictionary", "--vocab-size", vocab, *dropout,
-                   *(["--moses"] if rec.moses else []), "--workers", threads]
+                   "--joined-dictionary", "--vocab-size", vocab, "--workers", threads]
             r.step("preprocess", [data_bin], lambda: r.sh(cmd), inputs=[raw],
                    params={"cmd": cmd}, describe="joined sentencepiece BPE, binarize")
-        if rec.teacher:
-            data_bin = teach(r, args, rec, data_bin, raw, text, stages, threads)
-        if "train" in stages:
-            cmd = train_command(args, data_bin, save_dir, threads, args.recipe, args.max_update)
-            r.step(f"train-{run}", [model], lambda: r.sh(cmd), inputs=[data_bin],
-                   params={"cmd": cmd},
-                   on_stale=(finished_elsewhere(save_dir) if rec.teacher else not_past(
-                       save_dir, args.max_update or (6 if args.tiny else rec.max_update))),
-                   describe="train; resumes from checkpoint_last.pt after an interruption")
-        beam, lenpen = rec.beam, rec.lenpen
-        grid = TINY_TUNE if args.tiny else rec.tune
-        if "tune" in stages and grid:
-            beam, lenpen = tune(r, grid, (rec.beam, rec.lenpen), [model], raw, results, tgt,
-                                threads, text)
-        elif grid and (results / "tuning.json").exists() and not r.dry_run:
-            # --stages without tune: the pair an earlier tune stage chose, not the defaults
-            best = json.loads((results / "tuning.json").read_text())["best"]
-            beam, lenpen = int(best["beam"]), float(best["alpha"])
-            log.info("beam %d, alpha %g: chosen on val by the tune stage (%s)", beam, lenpen,
-                     results / "tuning.json")
-        if "generate" in stages:
-            cmd = ["nmt-generate", model, "--input", text / "test_2016_flickr.en",
-                   "--output", hyp, "--beam", beam, "--lenpen", lenpen, "--max-len-a", 1,
-                   "--max-len-b", 50, "--device", "cpu", "--threads", threads]
+        def train(seed: int) -> None:
+            save_dir, model = save_dirs[seed - 1], models[seed - 1]
+            cmd = train_command(args, data_bin, save_dir, threads, args.recipe,
+                                args.max_update, seed)
+            r.step(f"train-{run}" + (f"-seed{seed}" if seed > 1 else ""), [model],
+                   lambda: r.sh(cmd), inputs=[data_bin], params={"cmd": cmd},
+                   on_stale=not_past(save_dir,
+                                     args.max_update or (6 if args.tiny else rec.max_update)),
+                   describe=f"train (seed {seed}); resumes from checkpoint_last.pt after an "
+                            f"interruption")
 
-            def generate() -> None:
-                if not r.dry_run:
-                    results.mkdir(parents=True, exist_ok=True)
-                r.sh(cmd)
-            r.step(f"generate-{run}", [hyp], generate, inputs=[model], params={"cmd": cmd},
-                   on_stale=lambda: drop_partial(hyp),
-                   describe=f"beam {beam}, alpha {lenpen}, max length source + 50")
-        if "score" in stages:
-            cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
-                   "--metric", "bleu,chrf,tok-bleu", "--lang", tgt,
-                   *(["--lowercase"] if rec.lowercase else [])]
-            r.step(f"score-{run}", [scores], lambda: r.sh(cmd, stdout=scores), inputs=[hyp],
-                   params={"cmd": cmd}, describe="sacreBLEU, chrF, tokenized BLEU on "
-                                                 "test_2016_flickr")
-            # The literature's footing (Wu et al. 2021 and the Multi30k papers): lowercased,
-            # punctuation-normalized, Moses-tokenized multi-bleu.
-            lit = results / "scores-multi-bleu.txt"
-            cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
-                   "--metric", "multi-bleu", "--lowercase", "--lang", tgt]
-            r.step(f"score-multi-bleu-{run}", [lit], lambda: r.sh(cmd, stdout=lit),
-                   inputs=[hyp], params={"cmd": cmd},
-                   describe="lowercased, Moses-tokenized multi-bleu on test_2016_flickr")
-            if not r.dry_run:
-                print(scores.read_text(encoding="utf-8"), end="")
-                print(lit.read_text(encoding="utf-8"), end="")
+        grid = TINY_TUNE if args.tiny else rec.tune
+        if "train" in stages:
+            train(1)
+        single = Decoding(name=run, tune_name=f"tune-{save_dirs[0].name}", models=models[:1],
+                          results=r.work_dir / f"results-{run}")
+        decode_and_score(r, stages, single, grid, (rec.beam, rec.lenpen), raw, tgt, threads)
+        if args.seeds > 1:
+            # The ensemble: a second result after the single model's, never instead of it.
+            if "train" in stages:
+                for seed in range(2, args.seeds + 1):
+                    train(seed)
+            name = f"{run}-ensemble{args.seeds}"
+            ensemble = Decoding(name=name, tune_name=f"tune-{name}", models=models,
+                                results=r.work_dir / f"results-{name}")
+            decode_and_score(r, stages, ensemble, grid, (rec.beam, rec.lenpen), raw, tgt,
+                             threads)
 
     run_main("multi30k/run.py", body)
 
