@@ -143,6 +143,29 @@ def test_greedy_at_the_length_limit_scores_nmts_forced_eos(trained, monkeypatch)
     assert at_limit >= len(lines) // 2, at_limit
 
 
+def test_greedy_without_scores_translates_the_same(trained, monkeypatch):
+    """translate() and text output ask for no scores: CTranslate2's greedy search then runs
+    without its softmax over the vocabulary and without the forced eos's scoring pass, and
+    the translations, those cut at their length limit included, are the same."""
+    lines = [line for line in sample_lines() if line.strip()][:60]
+    t = Translator.from_checkpoint(trained, search=SearchConfig(beam=1, max_len_a=0.5,
+                                                                max_len_b=1),
+                                   engine="ctranslate2", threads=1)
+    scored = []
+    end_at = t._end_at
+    monkeypatch.setattr(t, "_end_at", lambda rows, *a: scored.append(rows) or end_at(rows, *a))
+    with_scores = t.translate_results(lines)
+    assert scored, "no line reached its limit: the test would not see the scoring pass"
+    scored.clear()
+    without = t.translate_results(lines, scores=False)
+    assert scored == []
+    assert [r.hypotheses[0].ids for r in without] == [r.hypotheses[0].ids for r in with_scores]
+    assert [r.text for r in without] == [r.text for r in with_scores]
+    assert all(r.hypotheses[0].score is None for r in without)
+    assert all(r.hypotheses[0].score is not None for r in with_scores)
+    assert t.translate(lines) == [r.text for r in with_scores] and scored == []
+
+
 # --- the cache ------------------------------------------------------------------------------
 
 def test_converted_once_cached_beside_and_renewed_when_the_checkpoint_changes(

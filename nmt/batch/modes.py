@@ -78,7 +78,8 @@ def translate_chunk(translator, cfg: GenerateConfig, chunk: list, first: int,
     else:
         lines = chunk
     results = translator.translate_results(lines, progress=progress, first_line=first,
-                                           prefixes=prefixes, constraints=constraints)
+                                           prefixes=prefixes, constraints=constraints,
+                                           scores=cfg.output_format == "jsonl")
     if cfg.output_format != "jsonl" or (prefixes is None and constraints is None
                                         and not cfg.print_alignment):
         return results, [format_result(r, cfg.output_format, cfg.nbest) for r in results]

@@ -368,7 +368,8 @@ def _generate(decoder: _Decoder, cfg: GenerateConfig, plan: Plan, writer: "_Writ
                                     src_codec=translator.src_codec,
                                     texts=cfg.output_format == "jsonl")
             with progress(len(ids), 0) as shown:
-                writer(translator.translate_ids(ids, sources=texts, progress=shown))
+                writer(translator.translate_ids(ids, sources=texts, progress=shown,
+                                                scores=cfg.output_format == "jsonl"))
         else:
             _translate_lines(decoder, cfg, writer, progress)
 

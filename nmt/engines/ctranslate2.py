@@ -83,7 +83,7 @@ FORMULAS = ("gnmt", "fairseq")      # those nmt ranks CTranslate2's finished hyp
 @dataclass
 class _Hypothesis:
     tokens: list[int]
-    score: float
+    score: float | None
     token_scores: None = None
 
 
@@ -348,12 +348,14 @@ class CTranslate2Translator(TranslatorBase):
                            f"--max-len-a/--max-len-b or use --engine nmt")
         return limit
 
-    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints):
+    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints, scores=True):
         """One translate_batch call for the whole batch, up to its longest length limit; a
         sentence whose search ran into its own, shorter limit is decoded again with it
         (CTranslate2's max_decoding_length is one number per call), or, in greedy search,
         cut to its limit and given the forced eos. A search that ended before its limit is
-        the search the limit would have given: its steps never came near it."""
+        the search the limit would have given: its steps never came near it. Greedy search
+        without ``scores`` skips what only the scores need: CTranslate2's softmax over the
+        vocabulary at each step, and the scoring pass of the forced eos."""
         self.check_search(self.search)
         limits = {i: self._limit(arrays[i].size, first_line + i) for i in batch}
         # nmt: with a limit of 0 only eos may follow
@@ -363,7 +365,7 @@ class CTranslate2Translator(TranslatorBase):
             longest = max(limits[i] for i in rows)
             again: dict[int, list[int]] = {}
             cut: dict[int, list[int]] = {}     # greedy: the output's first `limit` tokens
-            for i, hyps in zip(rows, self._call(rows, arrays, longest)):
+            for i, hyps in zip(rows, self._call(rows, arrays, longest, scores)):
                 # every finished hypothesis: the longest ended the search (when more than a
                 # beam finish at once, one of the last step's is among the beam kept)
                 if not any(len(h.tokens) - 1 >= limits[i] for h in hyps):
@@ -377,7 +379,9 @@ class CTranslate2Translator(TranslatorBase):
                     again.setdefault(limits[i], []).append(i)
                 else:
                     out[i] = hyps
-            if cut:             # one scoring pass instead of a decoding call per limit
+            if cut and not scores:
+                out.update((i, [_Hypothesis([*p, EOS], None)]) for i, p in cut.items())
+            elif cut:           # one scoring pass instead of a decoding call per limit
                 out.update(zip(cut, self._end_at(list(cut), arrays, list(cut.values()))))
             for limit, group in again.items():
                 out.update(zip(group, self._call(group, arrays, limit)))
@@ -394,20 +398,24 @@ class CTranslate2Translator(TranslatorBase):
         return [[self._nmt_scored([*p, EOS], sum(r.log_probs))]
                 for p, r in zip(prefixes, results)]
 
-    def _call(self, rows: list[int], arrays, limit: int) -> list[list[_Hypothesis]]:
+    def _call(self, rows: list[int], arrays, limit: int, scores: bool = True
+              ) -> list[list[_Hypothesis]]:
         """CTranslate2's hypotheses for ``arrays[i]``, i in ``rows``, with at most ``limit``
         tokens: the (up to) ``beam`` finished ones, ranked by nmt's score (ties: CTranslate2's
-        order)."""
+        order). Greedy search without ``scores``: one hypothesis each, its score None."""
         s = self.search
         symbols = self.src_codec.dictionary.symbols
         index = self.tgt_codec.dictionary.index
         results = self.model.translate_batch(
             [[symbols[t] for t in arrays[i]] for i in rows], beam_size=s.beam,
             num_hypotheses=s.beam, length_penalty=TINY_LENPEN if s.beam > 1 else 0.0,
-            return_scores=True, min_decoding_length=min(s.minimum, limit),
+            return_scores=scores or s.beam > 1, min_decoding_length=min(s.minimum, limit),
             max_decoding_length=limit, max_input_length=0,
             no_repeat_ngram_size=s.no_repeat_ngram_size, disable_unk=s.unkpen == math.inf,
             max_batch_size=0)
+        if not (scores or s.beam > 1):
+            return [[_Hypothesis([index(t) for t in r.hypotheses[0]] + [EOS], None)]
+                    for r in results]
         out = []
         for r in results:
             hyps = [self._scored(tokens, score, index) for tokens, score

@@ -29,7 +29,7 @@ class TranslationHypothesis:
     text: str                     # detokenized translation
     ids: list[int]                # target ids, ending with eos
     tokens: list[str]             # their subword symbols
-    score: float                  # log P / lp(|Y|)
+    score: float | None           # log P / lp(|Y|); None where not asked for (scores=False)
     # log-prob of each token; None where the engine does not give them (CTranslate2)
     token_scores: list[float] | None
 
@@ -48,16 +48,20 @@ class Translation:
     def to_json(self) -> dict:
         best = self.hypotheses[0] if self.hypotheses else None
         out = {"id": self.index, "source": self.source, "translation": self.text,
-               "score": None if best is None else round(best.score, 6),
+               "score": None if best is None else _round(best.score),
                "tokens": [] if best is None else best.tokens,
                "token_scores": [] if best is None else _rounded(best.token_scores)}
         if self.truncated:
             out["truncated"] = True
         if len(self.hypotheses) > 1:
-            out["nbest"] = [{"translation": h.text, "score": round(h.score, 6),
+            out["nbest"] = [{"translation": h.text, "score": _round(h.score),
                              "tokens": h.tokens, "token_scores": _rounded(h.token_scores)}
                             for h in self.hypotheses]
         return out
+
+
+def _round(score: float | None) -> float | None:
+    return None if score is None else round(score, 6)
 
 
 def _rounded(scores: list[float] | None) -> list[float] | None:
@@ -114,14 +118,14 @@ class TranslatorBase:
         """The best translation of each line, in order (empty line -> empty string); a single
         string gives a single string."""
         if isinstance(lines, str):
-            return self.translate_results([lines])[0].text
-        return [t.text for t in self.translate_results(lines)]
+            return self.translate_results([lines], scores=False)[0].text
+        return [t.text for t in self.translate_results(lines, scores=False)]
 
     def translate_results(self, lines: Sequence[str], progress: Callable[[int], None] | None = None,
                           first_line: int = 1,
                           prefixes: Sequence[str | None] | None = None,
-                          constraints: Sequence[Sequence[str] | None] | None = None
-                          ) -> list[Translation]:
+                          constraints: Sequence[Sequence[str] | None] | None = None,
+                          scores: bool = True) -> list[Translation]:
         """Rich results (scores, tokens, n-best) for raw sentences, in input order.
 
         ``progress(n)`` is called after each batch with the number of sentences it finished;
@@ -131,7 +135,9 @@ class TranslatorBase:
         encoded with the target codec and beam search continues after it. ``constraints`` (one
         list per line, None or [] for none): raw target phrases each translation must contain
         (nmt.search.lexical), each encoded with the target codec; one it cannot spell is a
-        one-line NmtError naming its line.
+        one-line NmtError naming its line. ``scores=False``: the caller needs no scores, and an
+        engine may leave them out (None) where that saves work (CTranslate2's greedy search);
+        the translations are the same.
         """
         if isinstance(lines, (str, bytes)):
             raise TypeError("translate_results takes a list of sentences, not one string; "
@@ -160,19 +166,21 @@ class TranslatorBase:
             constraint_ids = [encode_constraints(self.tgt_codec, c, f"line {first_line + i}")
                               for i, c in enumerate(constraints)]
         return self.translate_ids(ids, sources=lines, progress=progress, first_line=first_line,
-                                  prefixes=prefix_ids, constraints=constraint_ids)
+                                  prefixes=prefix_ids, constraints=constraint_ids,
+                                  scores=scores)
 
     def translate_ids(self, ids: Sequence[Sequence[int] | np.ndarray],
                       sources: Sequence[str] | None = None,
                       progress: Callable[[int], None] | None = None,
                       first_line: int = 1,
                       prefixes: Sequence[Sequence[int]] | None = None,
-                      constraints: Sequence[Sequence[Sequence[int]]] | None = None
-                      ) -> list[Translation]:
+                      constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+                      scores: bool = True) -> list[Translation]:
         """Translate already-encoded sources (ids without eos), e.g. a binarized test split;
         ``prefixes``: target ids (without eos) each translation starts with (see
         nmt.search.prefix); ``constraints``: per source, the target ids (without eos) of each
-        phrase its translation must contain (nmt.search.lexical)."""
+        phrase its translation must contain (nmt.search.lexical); ``scores`` as
+        :meth:`translate_results` takes it."""
         n = len(ids)
         if sources is None:
             sources = [self.src_codec.decode(x) for x in ids]
@@ -194,7 +202,8 @@ class TranslatorBase:
         if progress is not None and empty:
             progress(len(empty))
         for batch in self._batches(arrays):
-            hyps = self._decode_batch(batch, arrays, first_line, prefixes, constraints)
+            hyps = self._decode_batch(batch, arrays, first_line, prefixes, constraints,
+                                      scores)
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
@@ -219,10 +228,11 @@ class TranslatorBase:
     # --- what an engine supplies ------------------------------------------------------------
     def _decode_batch(self, batch: list[int], arrays: list[np.ndarray], first_line: int,
                       prefixes: Sequence[Sequence[int]] | None,
-                      constraints: Sequence[Sequence[Sequence[int]]] | None) -> list[list]:
+                      constraints: Sequence[Sequence[Sequence[int]]] | None,
+                      scores: bool = True) -> list[list]:
         """Per source ``arrays[i]`` of ``batch`` (indices, each source non-empty), its
-        hypotheses best first: objects with ``tokens`` (ids ending with eos), ``score`` and
-        ``token_scores`` (None: not known)."""
+        hypotheses best first: objects with ``tokens`` (ids ending with eos), ``score`` (may
+        be None when ``scores`` is False) and ``token_scores`` (None: not known)."""
         raise NotImplementedError
 
     def check_targets(self, prefixes, constraints) -> None:

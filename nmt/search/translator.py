@@ -176,7 +176,8 @@ class Translator(TranslatorBase):
         return translator
 
     # --- decoding (nmt.search.pipeline.TranslatorBase calls these) ---------------------------
-    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints):
+    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints, scores=True):
+        # (nmt's search has the scores at no extra cost: it gives them whatever ``scores``)
         src = self._collate([arrays[i] for i in batch])
         cons = self._constraints(batch, prefixes, constraints)
         if self.sampling is not None:

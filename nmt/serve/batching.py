@@ -253,7 +253,8 @@ class Batcher:
         try:
             results = translator.translate_ids([it.ids for it in items],
                                                sources=[it.job.sources[it.index] for it in items],
-                                               prefixes=prefixes, constraints=constraints)
+                                               prefixes=prefixes, constraints=constraints,
+                                               scores=False)     # replies hold the texts
         except Exception as e:  # noqa: BLE001 - the requests get the error, the worker goes on
             jobs = {id(it.job): it.job for it in items}
             log.error("model '%s': a batch of %d sentences from %d requests failed: %s: %s",
