@@ -112,7 +112,9 @@ def _nmt(args):
     tokens = {"n": 0}
 
     def decode(lines):
-        results = t.translate_results(lines)
+        # as nmt-generate's text output asks: no scores (CTranslate2 called directly returns
+        # none in greedy search either)
+        results = t.translate_results(lines, scores=False)
         tokens["n"] = sum(len(r.hypotheses[0].ids) - 1 for r in results if r.hypotheses)
         return [r.text for r in results]
     decode.max_tokens = t.max_tokens        # the batch its defaults chose
