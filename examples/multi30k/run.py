@@ -281,7 +281,12 @@ def tune(r: Recipe, name: str, grid: tuple[tuple[int, float], ...],
            describe="beam and alpha by lowercased multi-bleu on the validation split")
     if r.dry_run or not out.exists():
         return default
-    best = json.loads(out.read_text())["best"]
+    return tuned_pair(out)
+
+
+def tuned_pair(tuning: Path) -> tuple[int, float]:
+    """The (beam, alpha) a tune stage chose, from its RESULTS/tuning.json."""
+    best = json.loads(tuning.read_text())["best"]
     return int(best["beam"]), float(best["alpha"])
 
 
@@ -342,8 +347,7 @@ def decode_and_score(r: Recipe, stages: set[str], d: Decoding, grid, default: tu
                             threads)
     elif grid and (results / "tuning.json").exists() and not r.dry_run:
         # --stages without tune: the pair an earlier tune stage chose, not the defaults
-        best = json.loads((results / "tuning.json").read_text())["best"]
-        beam, lenpen = int(best["beam"]), float(best["alpha"])
+        beam, lenpen = tuned_pair(results / "tuning.json")
         log.info("beam %d, alpha %g: chosen on val by the tune stage (%s)", beam, lenpen,
                  results / "tuning.json")
     if "generate" in stages:
@@ -419,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
                    "--joined-dictionary", "--vocab-size", vocab, "--workers", threads]
             r.step("preprocess", [data_bin], lambda: r.sh(cmd), inputs=[raw],
                    params={"cmd": cmd}, describe="joined sentencepiece BPE, binarize")
+
         def train(seed: int) -> None:
             save_dir, model = save_dirs[seed - 1], models[seed - 1]
             cmd = train_command(args, data_bin, save_dir, threads, args.recipe,

@@ -404,16 +404,17 @@ class CTranslate2Translator(TranslatorBase):
         tokens: the (up to) ``beam`` finished ones, ranked by nmt's score (ties: CTranslate2's
         order). Greedy search without ``scores``: one hypothesis each, its score None."""
         s = self.search
+        scored = scores or s.beam > 1      # beam search ranks by nmt's score: it needs them
         symbols = self.src_codec.dictionary.symbols
         index = self.tgt_codec.dictionary.index
         results = self.model.translate_batch(
             [[symbols[t] for t in arrays[i]] for i in rows], beam_size=s.beam,
             num_hypotheses=s.beam, length_penalty=TINY_LENPEN if s.beam > 1 else 0.0,
-            return_scores=scores or s.beam > 1, min_decoding_length=min(s.minimum, limit),
+            return_scores=scored, min_decoding_length=min(s.minimum, limit),
             max_decoding_length=limit, max_input_length=0,
             no_repeat_ngram_size=s.no_repeat_ngram_size, disable_unk=s.unkpen == math.inf,
             max_batch_size=0)
-        if not (scores or s.beam > 1):
+        if not scored:
             return [[_Hypothesis([index(t) for t in r.hypotheses[0]] + [EOS], None)]
                     for r in results]
         out = []
