@@ -228,24 +228,29 @@ SCALAR_BMM_MACS = 400
 SOFTMAX_MIN_WIDTH = 16      # float32 lanes of AVX-512 (AVX2's 8 divide it)
 
 
-def single_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+def single_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                           blocked: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(dk)) v for incremental decoding on a CPU: one query per decoder row
     (a few per sentence when beams share its keys). SDPA's CPU kernel (flash attention) costs
     2-3 times as much for these shapes: it is built for long queries. Here: a batched matrix
     product, a float32 softmax (over scores padded with -inf to SOFTMAX_MIN_WIDTH columns when
     fewer), and the weighted sum of the values as a broadcast product and sum where the matrix
     product would take its scalar loop. q [N, H, g, dk], k [N, H, L, dk], v [N, H, L, dv],
-    mask broadcastable to [N, H, g, L] (True = attend)."""
+    mask broadcastable to [N, H, g, L] (True = attend), or ``blocked``, its negation."""
     g, length, dv = q.size(-2), k.size(-2), v.size(-1)
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.size(-1) ** -0.5)   # [N, H, g, L]
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        blocked = ~mask
+    if blocked is not None:
+        scores.masked_fill_(blocked, float("-inf"))
     if length < SOFTMAX_MIN_WIDTH:
         wide = scores.new_full((*scores.shape[:-1], SOFTMAX_MIN_WIDTH), float("-inf"))
         wide[..., :length] = scores
-        p = torch.softmax(wide, dim=-1, dtype=torch.float32)[..., :length].to(v.dtype)
+        p = torch.softmax(wide, dim=-1, dtype=torch.float32)[..., :length]
     else:
-        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        p = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    if p.dtype != v.dtype:
+        p = p.to(v.dtype)
     if g * length * dv < SCALAR_BMM_MACS:
         return (p.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)                     # [N, H, g, dv]
     return torch.matmul(p, v)

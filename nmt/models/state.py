@@ -59,6 +59,7 @@ class SelfAttentionCache:
         self.version = 0
         self._store: Tensor | None = None      # flat; allocated at the first write
         self._spare: Tensor | None = None
+        self._layer_views: list[tuple[Tensor, Tensor]] = []   # views of _store, per layer
 
     def _parts(self, store: Tensor, rows: int) -> tuple[Tensor, Tensor]:
         """Views of ``store`` with ``rows`` rows: keys [capacity, layers, rows, width_k] and
@@ -69,6 +70,13 @@ class SelfAttentionCache:
         split = rows * self.width_k
         return (block[..., :split].unflatten(-1, (rows, self.width_k)),
                 block[..., split:].unflatten(-1, (rows, self.width - self.width_k)))
+
+    def _use(self, store: Tensor, rows: int) -> None:
+        """Make ``store`` the cache's storage, with ``rows`` rows; its views are made once
+        here, not at every write."""
+        self._store, self.rows = store, rows
+        keys, values = self._parts(store, rows)
+        self._layer_views = [(keys[:, i], values[:, i]) for i in range(self.layers)]
 
     @property
     def capacity(self) -> int:
@@ -86,7 +94,7 @@ class SelfAttentionCache:
         if self._store is not None and self.length:
             for new, old in zip(self._parts(store, self.rows), self.parts):
                 new[:self.length].copy_(old[:self.length])
-        self._store = store
+        self._use(store, self.rows)
 
     @property
     def device(self) -> torch.device | None:
@@ -107,11 +115,21 @@ class SelfAttentionCache:
         t = kv.size(1)
         if layer == 0:
             self.reserve(t, like=kv)
-        keys, values = self.parts
+        keys, values = self._layer_views[layer]
         end = self.length + t
-        keys[self.length:end, layer].copy_(kv[..., :self.width_k].transpose(0, 1))
-        values[self.length:end, layer].copy_(kv[..., self.width_k:].transpose(0, 1))
-        return keys[:end, layer], values[:end, layer]
+        keys[self.length:end].copy_(kv[..., :self.width_k].transpose(0, 1))
+        values[self.length:end].copy_(kv[..., self.width_k:].transpose(0, 1))
+        return keys[:end], values[:end]
+
+    def write_one(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """``write`` of one new position: ``kv`` [rows, width_k + width_v]."""
+        if layer == 0:
+            self.reserve(1, like=kv)
+        keys, values = self._layer_views[layer]
+        at = self.length
+        keys[at].copy_(kv[:, :self.width_k])
+        values[at].copy_(kv[:, self.width_k:])
+        return keys[:at + 1], values[:at + 1]
 
     def advance(self, t: int) -> None:
         self.length += t
@@ -123,17 +141,20 @@ class SelfAttentionCache:
         if self._store is None:
             self.rows = rows
             return
-        if self._spare is None or self._spare.numel() < self.length * per_position:
-            self._spare = self._store.new_empty(max(self.length, 1) * per_position)
+        need = max(self.length, 1) * per_position
+        if self._spare is None or self._spare.numel() < need:
+            # as large as the store (or larger): the buffers then swap at every reordering
+            # with room to grow, instead of a new buffer and a copy into it at every step
+            self._spare = self._store.new_empty(max(need, self._store.numel()))
         for out, src in zip(self._parts(self._spare, rows), self.parts):
             out, src = out[:self.length], src[:self.length]
             if src.requires_grad:       # decoding under autograd: out= is not differentiable
                 out.copy_(src.index_select(2, index))
             else:
                 torch.index_select(src, 2, index, out=out)
-        self._store, self._spare, self.rows = self._spare, self._store, rows
-
-
+        old = self._store
+        self._use(self._spare, rows)
+        self._spare = old
 @dataclass
 class DecoderState:
     cache: SelfAttentionCache   # self-attention keys/values of the steps decoded so far
@@ -142,6 +163,7 @@ class DecoderState:
     memory_mask: Tensor | None  # [B, 1, 1, S] bool, True = attend; None when nothing is padded
     group: int                  # decoder rows per sentence (beam size)
     version: int = 0            # the cache's version when this state was made
+    memory_blocked: Tensor | None = None    # ~memory_mask, made once (True = masked)
 
     @property
     def num_rows(self) -> int:
@@ -163,7 +185,7 @@ class DecoderState:
 
     def _with(self, cache: SelfAttentionCache, **changes) -> "DecoderState":
         fields = dict(cross_k=self.cross_k, cross_v=self.cross_v, memory_mask=self.memory_mask,
-                      group=self.group)
+                      group=self.group, memory_blocked=self.memory_blocked)
         fields.update(changes)
         return DecoderState(cache=cache, version=cache.version, **fields)
 
@@ -179,16 +201,19 @@ class DecoderState:
         cache.select_rows(index)
         return self._with(cache)
 
-    def select_sentences(self, keep: Tensor) -> "DecoderState":
-        """Keep only sentences ``keep`` [B'] (e.g. drop finished ones), with all their rows."""
+    def select_sentences(self, keep: Tensor, rows: Tensor | None = None) -> "DecoderState":
+        """Keep only sentences ``keep`` [B'] (e.g. drop finished ones), with all their rows;
+        or, given ``rows`` [B'*group], the old rows that become the new ones in order (each a
+        row of its kept sentence): dropping and a beam reordering in one copy of the cache."""
         g = self.group
-        rows = (keep.unsqueeze(1) * g + torch.arange(g, device=keep.device)).reshape(-1)
+        if rows is None:
+            rows = (keep.unsqueeze(1) * g + torch.arange(g, device=keep.device)).reshape(-1)
         mask = None if self.memory_mask is None else self.memory_mask.index_select(0, keep)
         cache = self.take()
         cache.select_rows(rows)
         return self._with(cache, cross_k=[k.index_select(0, keep) for k in self.cross_k],
                           cross_v=[v.index_select(0, keep) for v in self.cross_v],
-                          memory_mask=mask)
+                          memory_mask=mask, memory_blocked=None if mask is None else ~mask)
 
     def expand(self, group: int) -> "DecoderState":
         """From one row per sentence to ``group`` copies of it (beam search decodes its first

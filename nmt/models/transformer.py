@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
@@ -17,7 +18,7 @@ from nmt.config import ModelConfig
 from nmt.errors import UsageError
 from nmt.models.dropout import Dropout
 from nmt.models.layers import (FeedForward, LearnedPositions, MultiHeadAttention, Residual,
-                               SinusoidalPositions, embedding_scale)
+                               SinusoidalPositions, embedding_scale, single_query_attention)
 from nmt.models.state import DecoderState, EncoderOut, SelfAttentionCache
 
 from nmt.specials import BOS, EOS, PAD, UNK  # noqa: F401 (re-exported)
@@ -90,6 +91,56 @@ class DecoderLayer(nn.Module):
                                                       group=group))
         return self.res3.after(x, self.ffn(self.res3.before(x)))
 
+    def step(self, x: Tensor, cache: SelfAttentionCache, layer: int, cross_k: Tensor,
+             cross_v: Tensor, memory_blocked: Tensor | None, group: int) -> Tensor:
+        """``forward`` for one new position, in eval mode on a CPU: x [N, D] -> [N, D].
+
+        The same products and reductions on the same values as forward (its output bit for
+        bit), with the work a decoding step does not need left out: no dropout calls, no
+        module calls, [N, D] rows instead of [N, 1, D] sequences, the cache's views made
+        once, and the padding mask negated once per batch (``memory_blocked``)."""
+        attn, cross = self.self_attn, self.cross_attn
+        pre = self.res1.pre_norm
+        n, heads = x.size(0), attn.heads
+        h = _norm(self.res1.norm, x) if pre else x
+        proj = _linear(attn.in_proj, h)                                   # [N, 2*qk + v]
+        qk = heads * attn.d_k
+        k_all, v_all = cache.write_one(layer, proj[:, qk:])
+        y = single_query_attention(proj[:, :qk].view(n, heads, 1, attn.d_k),
+                                   attn.heads_of(k_all, attn.d_k),
+                                   attn.heads_of(v_all, attn.d_v), None)  # [N, H, 1, dv]
+        x = _residual(self.res1, x, _linear(attn.out_proj, y.view(n, -1)))
+
+        h = _norm(self.res2.norm, x) if pre else x
+        q = _linear(cross.q_proj, h).view(n, heads, 1, cross.d_k)
+        if group > 1:      # the beams of a sentence share its keys: [B, H, g, dk]
+            q = q.view(n // group, group, heads, cross.d_k).transpose(1, 2)
+        y = single_query_attention(q, cross_k, cross_v, None, memory_blocked)
+        if group > 1:
+            y = y.transpose(1, 2)                                         # [B, g, H, dv]
+        x = _residual(self.res2, x, _linear(cross.out_proj, y.reshape(n, -1)))
+
+        h = _norm(self.res3.norm, x) if pre else x
+        ffn = self.ffn
+        return _residual(self.res3, x, _linear(ffn.fc2, ffn.act(_linear(ffn.fc1, h))))
+
+
+def _linear(m: nn.Module, x: Tensor) -> Tensor:
+    """``m(x)`` without the module call: ``F.linear`` for a plain nn.Linear, else (packed
+    or int8 layers) the module's own forward."""
+    if type(m) is nn.Linear:
+        return F.linear(x, m.weight, m.bias)
+    return m.forward(x)
+
+
+def _norm(m: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+
+
+def _residual(res: Residual, x: Tensor, y: Tensor) -> Tensor:
+    """``res.after(x, y)`` in eval mode (its dropout is the identity)."""
+    return x + y if res.pre_norm else _norm(res.norm, x + y)
+
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
@@ -137,6 +188,9 @@ class Transformer(nn.Module):
         # CPU decoding in fp32/bf16 (nmt.models.packed): a copy of the projection packed for
         # oneDNN. None otherwise.
         self.packed_output: nn.Module | None = None
+        # One new position in eval mode on a CPU goes through DecoderLayer.step (the same
+        # values as the general path; tests turn this off to compare the two).
+        self.fast_step = True
 
     @staticmethod
     def _embedding(n: int, d: int, pad_idx: int) -> nn.Embedding:
@@ -197,8 +251,9 @@ class Transformer(nn.Module):
         cfg = self.cfg
         cache = SelfAttentionCache(len(self.decoder_layers), enc.out.size(0) * group,
                                    cfg.heads * cfg.head_dim_k, cfg.heads * cfg.head_dim_v)
-        return DecoderState(cache=cache, cross_k=cross_k, cross_v=cross_v,
-                            memory_mask=enc.attn_mask(), group=group)
+        mask = enc.attn_mask()
+        return DecoderState(cache=cache, cross_k=cross_k, cross_v=cross_v, memory_mask=mask,
+                            group=group, memory_blocked=None if mask is None else ~mask)
 
     def decode(self, prev_tokens: Tensor, state: DecoderState,
                return_hidden: bool = False) -> tuple[Tensor, DecoderState]:
@@ -206,6 +261,9 @@ class Transformer(nn.Module):
 
         Returns logits [N, t, V] for the t new positions and the state extended by t steps.
         """
+        if (self.fast_step and prev_tokens.size(1) == 1 and not self.training
+                and prev_tokens.device.type == "cpu"):
+            return self._decode_one(prev_tokens, state, return_hidden)
         x = self._embed(prev_tokens, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm,
                         offset=state.step)
         cache = state.take()
@@ -217,6 +275,30 @@ class Transformer(nn.Module):
         new_state = state.advanced(cache, prev_tokens.size(1))
         out = x if return_hidden else self.output_projection(x)
         return out, new_state
+
+    def _decode_one(self, prev_tokens: Tensor, state: DecoderState,
+                    return_hidden: bool) -> tuple[Tensor, DecoderState]:
+        """``decode`` of one new position in eval mode on a CPU, through DecoderLayer.step:
+        the same values, fewer operations per step."""
+        emb = self.tgt_embed
+        x = F.embedding(prev_tokens[:, 0], emb.weight)                   # [N, D]
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        x = x + self.tgt_pos(1, state.step).to(emb.weight.dtype)
+        if self.tgt_embed_norm is not None:
+            x = _norm(self.tgt_embed_norm, x)
+        cache = state.take()
+        blocked = state.memory_blocked
+        if blocked is None and state.memory_mask is not None:
+            blocked = ~state.memory_mask
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer.step(x, cache, i, state.cross_k[i], state.cross_v[i], blocked,
+                           state.group)
+        if self.decoder_norm is not None:
+            x = _norm(self.decoder_norm, x)
+        new_state = state.advanced(cache, 1)
+        out = x if return_hidden else self.output_projection(x)
+        return out.unsqueeze(1), new_state
 
     @property
     def projection_weight(self) -> Tensor:

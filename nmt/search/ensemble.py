@@ -9,6 +9,8 @@ the target vocabulary (and, since they read the same source ids, the source one)
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,11 +31,29 @@ class EnsembleState:
     def reorder(self, index: Tensor) -> "EnsembleState":
         return EnsembleState([s.reorder(index) for s in self.states])
 
-    def select_sentences(self, keep: Tensor) -> "EnsembleState":
-        return EnsembleState([s.select_sentences(keep) for s in self.states])
+    def select_sentences(self, keep: Tensor, rows: Tensor | None = None) -> "EnsembleState":
+        return EnsembleState([select_and_reorder(s, keep, rows) for s in self.states])
 
     def expand(self, group: int) -> "EnsembleState":
         return EnsembleState([s.expand(group) for s in self.states])
+
+
+def select_and_reorder(state: Any, keep: Tensor, rows: Tensor | None) -> Any:
+    """``state.select_sentences(keep, rows)``: sentences ``keep`` [B'] and, when ``rows`` is
+    given, the old rows [B'*group] that become the new ones. A state whose select_sentences
+    takes no ``rows`` (a model's own state class) selects, then reorders."""
+    if rows is None:
+        return state.select_sentences(keep)
+    if _takes_rows(type(state)):
+        return state.select_sentences(keep, rows=rows)
+    g = rows.numel() // max(keep.numel(), 1)
+    first = (torch.arange(keep.numel(), device=rows.device) - keep) * g     # new - old start
+    return state.select_sentences(keep).reorder(rows + first.repeat_interleave(g))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_rows(state_type: type) -> bool:
+    return "rows" in inspect.signature(state_type.select_sentences).parameters
 
 
 class EnsembleModel:
@@ -86,4 +106,4 @@ class EnsembleModel:
         return probs, EnsembleState(states)
 
 
-__all__ = ["EnsembleModel", "EnsembleState"]
+__all__ = ["EnsembleModel", "EnsembleState", "select_and_reorder"]

@@ -8,8 +8,8 @@ sentences still running:
 3. eos candidates among the first ``beam`` become finished hypotheses, scored
    log P(Y) / lp(|Y|) (nmt.search.length_penalty); the next beam is the first ``beam``
    non-eos candidates;
-4. finished sentences leave the batch (``state.select_sentences``), the others reorder their
-   cache rows (``state.reorder``).
+4. the running sentences reorder their cache rows (``state.reorder``); where some finished,
+   those leave the batch in the same copy (``state.select_sentences(keep, rows)``).
 
 The first step runs once per sentence (all its beams start from bos alone) and
 ``state.expand(beam)`` then copies that row to the sentence's ``beam`` rows.
@@ -51,9 +51,11 @@ from torch import Tensor
 
 from nmt.errors import UsageError
 from nmt.search import greedy
-from nmt.search.beam import beam_candidates, diverse_candidates, split_candidates
+from nmt.search.beam import (beam_candidates, diverse_candidates, never_chosen,
+                             split_candidates)
 from nmt.search.config import MAX_LEN_B_MAX, SearchConfig  # noqa: F401 (SearchConfig re-exported)
 from nmt.search.controls import DecodingControls, combine
+from nmt.search.ensemble import select_and_reorder
 from nmt.search.length_penalty import best_possible_score, length_penalty
 
 from nmt.specials import BOS, EOS, PAD  # noqa: F401 (re-exported)
@@ -139,11 +141,10 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
             keep = (~done).nonzero().squeeze(1)                        # [N']
             rows, nxt = rows[keep], nxt.select(keep)
             run.select_sentences(keep)
-            state = state.select_sentences(keep)
-            local = (torch.arange(keep.numel(), device=device) * k).unsqueeze(1) + nxt.beams
+            # dropping the finished sentences and reordering the beams: one copy of the cache
+            state = select_and_reorder(state, keep, rows.reshape(-1))
         else:
-            local = rows
-        state = state.reorder(local.reshape(-1))
+            state = state.reorder(rows.reshape(-1))
         flat = rows.reshape(-1)
         run.extend(flat, nxt, step)
         if cstate is not None:
@@ -312,8 +313,7 @@ def restrict(probs: Tensor, step: int, max_len: Tensor, k: int, cstate,
     state ``cstate`` (if any) forbids, and all but eos for sentences at their maximum length.
     The forced eos keeps the model's probability, or gets ``forced_eos_p`` (transformers'
     forced_eos_token_id gives it log-probability 0: probability 1)."""
-    probs[:, PAD] = 0.0             # never predicted
-    probs[:, BOS] = 0.0
+    never_chosen(probs)             # pad and bos
     at_max = max_len.eq(step)                                         # [N]
     forced = bool(at_max.any())
     # The model's eos probability, before constraints that may forbid eos here (a prefix or

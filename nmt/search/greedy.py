@@ -11,8 +11,10 @@ smallest token id among ties, as beam search's stable top-k), the same float32 s
 log-probabilities and the same length penalty. One difference, by design: where two
 probabilities differ by so little that their float32 sums with the prefix's score are equal,
 beam search ranks the two candidates as tied and takes the smaller token id; greedy decoding
-takes the more probable token. Finished sentences leave the batch at the step
-they finish, exactly as in beam search, so every decoder step sees the same rows.
+takes the more probable token. A float32 row's probabilities do not depend on the other
+rows of its batch, so finished sentences need not leave it at once: they stay, decoded on
+but ignored, until they are a quarter of the rows (COMPACT_AT), and then all leave in one copy
+of the cache, instead of a copy at every step where one finishes.
 
 It applies where beam search with beam 1 would stop at the first eos: one hypothesis, no
 constraints or decoding controls, no diverse groups, and a length penalty other than
@@ -24,9 +26,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.search.beam import first_max, never_chosen
 from nmt.search.controls import DecodingControls
 from nmt.search.length_penalty import length_penalty
-from nmt.specials import BOS, EOS, PAD
+from nmt.specials import EOS, PAD
+
+# Finished rows leave the batch once they are this share of its rows: until then each costs a
+# row of every decoder step, and each compaction a copy of the whole cache.
+COMPACT_AT = 0.25
 
 
 def applies(cfg, constraints=None) -> bool:
@@ -54,10 +61,11 @@ def greedy_search(model, src_tokens: Tensor, cfg, max_len: Tensor) -> list[list[
     out: list[list] = [[] for _ in range(bsz)]
     penalty = (cfg.lenpen, cfg.formula)
 
+    live = torch.ones(bsz, dtype=torch.bool, device=device)         # [N] still decoding
+    n_live = bsz
     for step in range(n_steps):
         probs, state = model.step(tokens[:, step:step + 1], state)  # [N, V] float32
-        probs[:, PAD] = 0.0
-        probs[:, BOS] = 0.0
+        never_chosen(probs)
         at_max = max_len.eq(step)
         if bool(at_max.any()):
             # Only eos at the length limit, with the model's own probability (floored).
@@ -67,32 +75,35 @@ def greedy_search(model, src_tokens: Tensor, cfg, max_len: Tensor) -> list[list[
         best, lp, scores = _choose(probs, scores)
         tokens[:, step + 1] = best[:, 0]
         tok_scores[:, step] = lp[:, 0]
-        is_eos, finite = best[:, 0].eq(EOS), torch.isfinite(scores[:, 0])
-        ended = is_eos | ~finite                                     # eos, or probability 0
+        finite = torch.isfinite(scores[:, 0])
+        ended = (best[:, 0].eq(EOS) | ~finite) & live                # eos, or probability 0
         if not bool(ended.any()):
             continue
-        fin = (is_eos & finite).nonzero().squeeze(1)
+        fin = (ended & finite).nonzero().squeeze(1)
         if fin.numel():
             norm = scores[fin, 0] / length_penalty(step + 1, *penalty)
             for i, s, toks, ts in zip(sent[fin].tolist(), norm.tolist(),
                                       tokens[fin, 1:step + 2].tolist(),
                                       tok_scores[fin, :step + 1].tolist()):
                 out[i] = [(toks, s, ts)]
-        if bool(ended.all()):
+        live &= ~ended
+        n_live -= int(ended.sum())
+        if n_live == 0:
             break
-        keep = (~ended).nonzero().squeeze(1)
-        sent, max_len, scores = sent[keep], max_len[keep], scores[keep]
-        tokens, tok_scores = tokens[keep], tok_scores[keep]
-        state = state.select_sentences(keep)
+        if live.numel() - n_live >= COMPACT_AT * live.numel():
+            keep = live.nonzero().squeeze(1)
+            sent, max_len, scores = sent[keep], max_len[keep], scores[keep]
+            tokens, tok_scores, live = tokens[keep], tok_scores[keep], live[keep]
+            state = state.select_sentences(keep)
     return out
 
 
 def _choose(probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(token [N, 1], its log-probability [N, 1], new scores [N, 1]): the most probable
     token, the smallest id among equal probabilities."""
-    top, best = probs.max(dim=1, keepdim=True)
-    lp = top.log()
-    return best, lp, scores + lp
+    top, best = first_max(probs)
+    lp = top.log().unsqueeze(1)
+    return best.unsqueeze(1), lp, scores + lp
 
 
 __all__ = ["applies", "greedy_search"]
