@@ -1,7 +1,8 @@
 """A decoding step of one new position (DecoderLayer.step, the path beam and greedy search take
 on a CPU) computes what the general decoder path computes, bit for bit: the same tokens, token
 log-probabilities and scores, for post-norm and pre-norm stacks, padded batches, beams sharing
-their sentence's keys, packed (d_model 256), bf16 and int8 models."""
+their sentence's keys, packed layers (d_model 256, relu fused into the product), bf16 and
+int8 models."""
 
 import pytest
 import torch
@@ -30,9 +31,9 @@ def results(path, fast, beam, precision="fp32", n=LINES):
 
 VARIANTS = {
     "post-norm": {},
-    "pre-norm, layernorm_embedding, learned positions, output bias":
+    "pre-norm, layernorm_embedding, learned positions, output bias, packed relu":
         {"pre_norm": True, "layernorm_embedding": True, "positional": "learned",
-         "output_bias": True},
+         "output_bias": True, "d_model": 256, "d_ff": 512},
     "packed d_model 256, gelu": {"d_model": 256, "d_ff": 512, "activation": "gelu"},
 }
 
@@ -58,11 +59,13 @@ def test_step_equals_the_general_path_in_other_precisions(ckpts, precision):
     assert results(path, True, 3, precision) == results(path, False, 3, precision)
 
 
-def test_packed_layers_are_the_ones_stepped(ckpts):
-    """d_model 256 on a CPU packs the linear layers: the step must call them, not look for
-    an nn.Linear's weight."""
-    t = Translator.from_checkpoint(ckpts["packed d_model 256, gelu"])
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if "packed" in v])
+def test_packed_layers_are_the_ones_stepped(ckpts, variant):
+    """d_model 256 on a CPU packs the linear layers (relu fused into the first feed-forward
+    product): the variants above compare those with the general path."""
+    t = Translator.from_checkpoint(ckpts[variant])
     layer = t.ensemble.models[0].decoder_layers[0]
     if type(layer.self_attn.in_proj) is torch.nn.Linear:
         pytest.skip("no packed linear layers in this PyTorch")
+    assert type(layer.ffn.fc1).__name__ == "PackedLinear"
     assert t.translate(LINES[:4])

@@ -70,12 +70,48 @@ def test_a_near_tie_goes_to_the_more_probable_token():
     assert score + p_big.log() == score + p_small.log()   # the sums tie
     probs = torch.zeros(1, 8)
     probs[0, 6], probs[0, 5] = p_big, p_small
-    best, lp, total = greedy._choose(probs, score)
+    best, lp = greedy._choose(probs.clone(), None)
     assert best.item() == 6 and lp.item() == p_big.log().item()
     assert beam_choice(probs, score) == 5
     probs[0, 5] = p_big                                    # an exact tie: the smaller id
-    best, _, _ = greedy._choose(probs, score)
+    best, _ = greedy._choose(probs.clone(), None)
     assert best.item() == 5 == beam_choice(probs, score)
+
+
+def test_one_model_chooses_by_its_logits():
+    """One model's greedy step picks the largest logit (smallest id among equal ones, never
+    pad or bos, only eos at the length limit) and scores it with the log of its float32
+    softmax probability; without scores it computes no probability at all."""
+    logits = torch.tensor([[9.0, 8.0, 1.0, 3.0, 5.0, 5.0],       # pad and bos larger
+                           [0.0, 0.0, 1.0, 3.0, 2.0, 3.0],       # a tie: the smaller id
+                           [0.0, 0.0, -50.0, 3.0, 2.0, 1.0]])    # at the limit: eos
+    at_max = torch.tensor([False, False, True])
+    best, lp = greedy._choose_by_logits(logits.clone(), at_max, scores=True)
+    assert best.tolist() == [4, 3, 2]
+    probs = torch.softmax(logits, dim=-1)
+    want = probs[torch.arange(3), best].clamp(min=1e-30).log()
+    assert torch.equal(lp, want)
+    best2, none = greedy._choose_by_logits(logits.clone(), at_max, scores=False)
+    assert torch.equal(best2, best) and none is None
+
+
+def test_without_scores_the_tokens_are_the_same(ckpts, monkeypatch):
+    """Text output asks for no scores: the same translations, scores None."""
+    t = Translator.from_checkpoint(ckpts[0], search=SearchConfig(beam=1),
+                                   batch=BatchConfig(batch_size=16))
+    seen = []
+    real = greedy._choose_by_logits
+    monkeypatch.setattr(greedy, "_choose_by_logits",
+                        lambda *a: seen.append(a[2]) or real(*a))
+    scored = t.translate_results(LINES)
+    plain = t.translate_results(LINES, scores=False)
+    assert seen and set(seen) == {True, False}
+    assert [r.text for r in plain] == [r.text for r in scored] == t.translate(LINES)
+    assert [h.ids for r in plain for h in r.hypotheses] == \
+        [h.ids for r in scored for h in r.hypotheses]
+    assert all(h.score is None and h.token_scores is None
+               for r in plain for h in r.hypotheses)
+    assert all(h.score is not None for r in scored for h in r.hypotheses)
 
 
 def beam_choice(probs, score):

@@ -57,8 +57,9 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self.bias = None if bias is None else bias.detach().clone()
 
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+    def forward(self, x: Tensor, then: str = "none") -> Tensor:
+        """x W^T + b; ``then`` "relu": relu of it, in the same call."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, then, [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"

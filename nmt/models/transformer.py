@@ -19,6 +19,7 @@ from nmt.errors import UsageError
 from nmt.models.dropout import Dropout
 from nmt.models.layers import (FeedForward, LearnedPositions, MultiHeadAttention, Residual,
                                SinusoidalPositions, embedding_scale, single_query_attention)
+from nmt.models.packed import PackedLinear
 from nmt.models.state import DecoderState, EncoderOut, SelfAttentionCache
 
 from nmt.specials import BOS, EOS, PAD, UNK  # noqa: F401 (re-exported)
@@ -122,7 +123,11 @@ class DecoderLayer(nn.Module):
 
         h = _norm(self.res3.norm, x) if pre else x
         ffn = self.ffn
-        return _residual(self.res3, x, _linear(ffn.fc2, ffn.act(_linear(ffn.fc1, h))))
+        if ffn.act is F.relu:
+            h = _linear_relu(ffn.fc1, h)
+        else:
+            h = ffn.act(_linear(ffn.fc1, h))
+        return _residual(self.res3, x, _linear(ffn.fc2, h))
 
 
 def _linear(m: nn.Module, x: Tensor) -> Tensor:
@@ -131,6 +136,14 @@ def _linear(m: nn.Module, x: Tensor) -> Tensor:
     if type(m) is nn.Linear:
         return F.linear(x, m.weight, m.bias)
     return m.forward(x)
+
+
+def _linear_relu(m: nn.Module, x: Tensor) -> Tensor:
+    """relu(m(x)): in the product's own output, or by oneDNN as the product's last step for a
+    packed layer (the same values: max(0, y) of the same y)."""
+    if isinstance(m, PackedLinear):
+        return m.forward(x, "relu")
+    return _linear(m, x).relu_()
 
 
 def _norm(m: nn.LayerNorm, x: Tensor) -> Tensor:

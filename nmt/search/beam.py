@@ -98,15 +98,16 @@ def _resolve_ties(xr: Tensor, vals: Tensor, idx: Tensor, k: int) -> tuple[Tensor
     return v[:, :k], i[:, :k]
 
 
-def never_chosen(probs: Tensor) -> None:
-    """Zero, in place, the probabilities of pad and bos [N, V]: never predicted. One slice
-    when their ids are adjacent (as nmt's are), not two indexed writes per step."""
+def never_chosen(probs: Tensor, value: float = 0.0) -> None:
+    """Set, in place, the probabilities (or logits: ``value`` -inf) of pad and bos [N, V] to
+    ``value``: never predicted. One slice when their ids are adjacent (as nmt's are), not two
+    indexed writes per step."""
     lo, hi = min(PAD, BOS), max(PAD, BOS)
     if hi == lo + 1:
-        probs[:, lo:hi + 1].zero_()
+        probs[:, lo:hi + 1].fill_(value)
     else:
-        probs[:, PAD] = 0.0
-        probs[:, BOS] = 0.0
+        probs[:, PAD] = value
+        probs[:, BOS] = value
 
 
 def first_max(x: Tensor, chunk: int = 128) -> tuple[Tensor, Tensor]:

@@ -92,6 +92,18 @@ class EnsembleModel:
     def init_state(self, encs: list[Any], group: int) -> EnsembleState:
         return EnsembleState([m.init_state(e, group=group) for m, e in zip(self.models, encs)])
 
+    @property
+    def step_logits(self):
+        """For one model, a function (prev_tokens [R, 1], state) -> (its next-token logits
+        [R, V] in its own dtype, state): what a search that needs no probabilities (greedy
+        without scores) decodes with. None for an ensemble, whose probabilities are a mean."""
+        return self._step_logits if len(self.models) == 1 else None
+
+    def _step_logits(self, prev_tokens: Tensor, state: EnsembleState
+                     ) -> tuple[Tensor, EnsembleState]:
+        logits, s = self.models[0].decode(prev_tokens, state.states[0])     # [R, 1, V]
+        return logits[:, -1], EnsembleState([s])
+
     def step(self, prev_tokens: Tensor, state: EnsembleState) -> tuple[Tensor, EnsembleState]:
         """prev_tokens [R, 1] (the last token of each row) -> next-token probabilities [R, V]
         (float32, even when the models run in fp16/bf16), averaged over the models."""

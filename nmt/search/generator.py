@@ -90,12 +90,13 @@ def max_lengths(src_lengths: Tensor, cfg: SearchConfig, max_positions: int | Non
 
 @torch.inference_mode()
 def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
-                constraints=None) -> list[list[Hypothesis]]:
+                constraints=None, scores: bool = True) -> list[list[Hypothesis]]:
     """Translate a batch: src_tokens [B, S] (right-padded, each row ending in eos). ``model``
     is an nmt.search.ensemble.EnsembleModel (or anything with its encode / init_state / step /
     max_positions); ``cfg`` is resolved (``SearchConfig.resolve``). Returns, per sentence, its
     ``cfg.nbest`` best hypotheses, best first (ties: the one found first). ``constraints``:
-    see the module doc."""
+    see the module doc. ``scores=False``: the caller needs no scores; greedy search of one
+    model then computes none (each hypothesis's score and token scores are None)."""
     if unset := [k for k in cfg.unset if k not in MAY_BE_UNSET]:
         raise ValueError(f"beam_search needs a resolved SearchConfig ({', '.join(unset)} "
                          f"unset): use cfg.resolve(model_config)")
@@ -105,7 +106,7 @@ def beam_search(model, src_tokens: Tensor, cfg: SearchConfig,
     max_len = max_lengths(src_lengths, cfg, model.max_positions)    # [B]
     if greedy.applies(cfg, constraints):        # beam 1 stopping at the first eos
         return [[Hypothesis(*h) for h in hyps]
-                for hyps in greedy.greedy_search(model, src_tokens, cfg, max_len)]
+                for hyps in greedy.greedy_search(model, src_tokens, cfg, max_len, scores)]
     n_steps = int(max_len.max()) + 1
 
     # All beams start from bos: step 0 decodes a row per sentence, ``expand`` gives it k rows.

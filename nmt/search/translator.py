@@ -177,7 +177,7 @@ class Translator(TranslatorBase):
 
     # --- decoding (nmt.search.pipeline.TranslatorBase calls these) ---------------------------
     def _decode_batch(self, batch, arrays, first_line, prefixes, constraints, scores=True):
-        # (nmt's search has the scores at no extra cost: it gives them whatever ``scores``)
+        # (without ``scores``, greedy search of one model skips the softmax over the vocabulary)
         src = self._collate([arrays[i] for i in batch])
         cons = self._constraints(batch, prefixes, constraints)
         if self.sampling is not None:
@@ -185,7 +185,7 @@ class Translator(TranslatorBase):
 
             return sample(self.ensemble, src, self.search, self.sampling,
                           [first_line + i for i in batch], constraints=cons)
-        return beam_search(self.ensemble, src, self.search, constraints=cons)
+        return beam_search(self.ensemble, src, self.search, constraints=cons, scores=scores)
 
     def _finish(self, results, arrays) -> None:
         if self.search.replace_unk:
