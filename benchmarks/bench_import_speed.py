@@ -8,7 +8,9 @@ One random-weight MarianMTModel with OPUS-MT en-de's configuration (6+6 layers, 
 8 heads, FFN 2048, swish, scaled embeddings, 58,101 pieces, one embedding matrix tied to the
 output) is built here with transformers and saved as OPUS-MT ships it; the very same weights
 go to nmt (nmt-import huggingface: nmt.interop.hf_import) and to CTranslate2 (nmt-export
---format ctranslate2 of that checkpoint, float32 and int8). The three engines then translate
+--format ctranslate2 of that checkpoint, float32 and int8), and to ``nmt-generate --engine
+ctranslate2`` (nmt's Translator over that conversion, in each environment CTranslate2 runs
+in, compared with CTranslate2 in the same one). The engines then translate
 the same source sentences (random pieces, Multi30k's lengths, fed as ids: tokenization is
 outside the timing) to the same fixed length:
 
@@ -54,10 +56,16 @@ HERE = Path(__file__).resolve().parent
 # it loads): as shipped; CT2_PACKED_GEMM=0, several times faster on some Intel CPUs;
 # CT2_USE_MKL=0, its oneDNN/ruy backends instead of MKL (AMD CPUs). The fastest one counts.
 CT2_ENVS = {"ct2": {}, "ct2-nopack": {"CT2_PACKED_GEMM": "0"}, "ct2-nomkl": {"CT2_USE_MKL": "0"}}
-ENGINES = ("nmt", "hf", *CT2_ENVS)
+# nmt-generate --engine ctranslate2 (nmt's Translator over CTranslate2) in each of those
+# environments, compared with CTranslate2 called directly in the same one
+ENGINE_ENVS = {f"nmt-{e}": e for e in CT2_ENVS}
+ENGINES = ("nmt", "hf", *CT2_ENVS, *ENGINE_ENVS)
 NAMES = {"nmt": "nmt", "hf": "transformers", "ct2": "CTranslate2",
          "ct2-nopack": "CTranslate2 (CT2_PACKED_GEMM=0)",
-         "ct2-nomkl": "CTranslate2 (CT2_USE_MKL=0)"}
+         "ct2-nomkl": "CTranslate2 (CT2_USE_MKL=0)",
+         **{e: "nmt --engine ctranslate2" + NAMES_ENV for e, NAMES_ENV in (
+             ("nmt-ct2", ""), ("nmt-ct2-nopack", " (CT2_PACKED_GEMM=0)"),
+             ("nmt-ct2-nomkl", " (CT2_USE_MKL=0)"))}}
 PRECISIONS = ("fp32", "int8")
 BEAMS = (1, 4)
 BATCH = 64
@@ -157,14 +165,27 @@ def prepare(work: Path, size: dict, n: int, seed: int) -> dict:
 
 
 # --- the engines (each in a child process) --------------------------------------------------------
-def nmt_engine(paths: dict, precision: str, beam: int, length: int):
+def nmt_engine(paths: dict, precision: str, beam: int, length: int,
+               threads: int | None = None, engine: str = "nmt"):
+    """nmt's Translator (``engine`` "nmt") or nmt's Translator over CTranslate2 ("ctranslate2",
+    ``threads`` its intra-op threads), decoding ids as nmt-generate's text output does (no
+    scores)."""
     from nmt.search.config import BatchConfig, SearchConfig
-    from nmt.search.translator import Translator
 
-    t = Translator.from_checkpoint(paths["nmt"], device="cpu", precision=precision,
-                                   batch=BatchConfig(batch_size=BATCH),
-                                   search=SearchConfig(beam=beam, max_len_a=0.0,
-                                                       max_len_b=length))
+    opts = dict(device="cpu", precision=precision, batch=BatchConfig(batch_size=BATCH),
+                search=SearchConfig(beam=beam, max_len_a=0.0, max_len_b=length))
+    if engine == "ctranslate2":
+        from nmt.engines.ctranslate2 import CTranslate2Translator
+
+        # the imported preset's length penalty (transformers' rule) is one the engine refuses;
+        # every hypothesis here has the same length, so GNMT's ranks them the same
+        opts["search"] = SearchConfig(beam=beam, max_len_a=0.0, max_len_b=length,
+                                      lenpen_formula="gnmt")
+        t = CTranslate2Translator.from_checkpoint(paths["nmt"], threads=threads, **opts)
+    else:
+        from nmt.search.translator import Translator
+
+        t = Translator.from_checkpoint(paths["nmt"], **opts)
     d = t.src_codec.dictionary
 
     def encode(sources):
@@ -172,7 +193,7 @@ def nmt_engine(paths: dict, precision: str, beam: int, length: int):
 
     def decode(ids):
         return [[p for p in r.hypotheses[0].tokens if p != "</s>"]
-                for r in t.translate_ids(ids, sources=[""] * len(ids))]
+                for r in t.translate_ids(ids, sources=[""] * len(ids), scores=False)]
     return encode, decode
 
 
@@ -236,7 +257,7 @@ def ct2_engine(paths: dict, precision: str, beam: int, length: int, threads: int
 
 def child(args) -> None:
     """Time one engine's configurations in turns; print one JSON line."""
-    if args.child not in CT2_ENVS:
+    if args.child not in CT2_ENVS and args.child not in ENGINE_ENVS:
         import torch
         torch.set_num_threads(args.threads)
     if args.child == "hf":
@@ -249,6 +270,9 @@ def child(args) -> None:
         for beam in BEAMS:
             if args.child in CT2_ENVS:
                 encode, decode = ct2_engine(paths, precision, beam, args.length, args.threads)
+            elif args.child in ENGINE_ENVS:
+                encode, decode = nmt_engine(paths, precision, beam, args.length, args.threads,
+                                            engine="ctranslate2")
             else:
                 make = nmt_engine if args.child == "nmt" else hf_engine
                 encode, decode = make(paths, precision, beam, args.length)
@@ -270,7 +294,7 @@ def run_child(engine: str, paths: dict, args) -> dict:
            "--threads", str(args.threads), "--length", str(args.length)] + (
                ["--quick"] if args.quick else [])
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
-           **CT2_ENVS.get(engine, {})}
+           **CT2_ENVS.get(ENGINE_ENVS.get(engine, engine), {})}
     # the child's progress lines go straight to this process's stderr
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
@@ -338,7 +362,10 @@ def markdown(report: dict) -> str:
         if r["engine"] == "nmt":
             ct2 = fastest_ct2(rows, "int8" if r["precision"] == "bf16" else r["precision"],
                               r["beam"])
-        vs_hf = f"{hf['median_wall_s'] / r['median_wall_s']:.2f}x" if hf else ""
+        elif r["engine"] in ENGINE_ENVS:      # the engine against CTranslate2 in its own env
+            ct2 = by.get((ENGINE_ENVS[r["engine"]], r["precision"], r["beam"]))
+        vs_hf = "" if not hf or r["engine"] in ENGINE_ENVS else \
+            f"{hf['median_wall_s'] / r['median_wall_s']:.2f}x"
         vs_ct2 = (f"{ct2['median_wall_s'] / r['median_wall_s']:.2f}x ({ct2['precision']}, "
                   f"{NAMES[ct2['engine']]})" if ct2 else "")
         out.append(f"| {NAMES[r['engine']]} | {prec} | {r['beam']} | "

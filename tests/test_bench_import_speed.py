@@ -1,5 +1,5 @@
-"""benchmarks/bench_import_speed.py in its quick mode: the harness runs all three
-engines, every sentence gets the fixed output length from each, and nmt, transformers and
+"""benchmarks/bench_import_speed.py in its quick mode: the harness runs all the
+engines (nmt, transformers, CTranslate2 and nmt --engine ctranslate2), every sentence gets the fixed output length from each, and nmt, transformers and
 CTranslate2 give the same output in fp32 greedy decoding on the same weights, which is what
 makes their speeds comparable. No timing assertions."""
 
@@ -29,7 +29,8 @@ def test_quick_run_compares_like_with_like(tmp_path):
     report = json.loads(out.read_text(encoding="utf-8"))
     s = report["settings"]
     rows = {(r["engine"], r["precision"], r["beam"]): r for r in report["rows"]}
-    engines = ("nmt", "hf", "ct2", "ct2-nopack", "ct2-nomkl")     # CTranslate2 in 3 settings
+    engines = ("nmt", "hf", "ct2", "ct2-nopack", "ct2-nomkl",     # CTranslate2 in 3 settings
+               "nmt-ct2", "nmt-ct2-nopack", "nmt-ct2-nomkl")    # and nmt's engine over it
     bf16 = {("nmt", "bf16", b) for b in (1, 4)} if cpu_has_native_bf16() else set()
     assert set(rows) == {(e, q, b) for e in engines for q in ("fp32", "int8")
                          for b in (1, 4)} | bf16
@@ -45,7 +46,11 @@ def test_quick_run_compares_like_with_like(tmp_path):
     assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
     lines = md.read_text(encoding="utf-8").splitlines()
     body = [x for x in lines if x.startswith("| ") and not x.startswith("| engine")]
-    assert len(body) == 20 + len(bf16) and "| CTranslate2 | int8 | 4 |" in "\n".join(body)
+    assert len(body) == 32 + len(bf16) and "| CTranslate2 | int8 | 4 |" in "\n".join(body)
     # nmt's rows name CTranslate2's fastest setting at the same precision
     nmt_int8 = next(x for x in body if x.startswith("| nmt | int8 | 4 |"))
     assert "x (int8, CTranslate2" in nmt_int8
+    # the engine's rows, CTranslate2 in the same environment
+    engine = next(x for x in body
+                  if x.startswith("| nmt --engine ctranslate2 (CT2_USE_MKL=0) | fp32 | 4 |"))
+    assert "x (fp32, CTranslate2 (CT2_USE_MKL=0))" in engine

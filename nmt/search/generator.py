@@ -236,17 +236,21 @@ class _Running:
         prefix_scores = self.tok_scores[rows, :step].tolist()
         eos_lp = cands.lprobs[fi, fj].tolist()
         sent_ids = self.sent.tolist()
-        touched = set()
+        touched: dict[int, None] = {}
         for i, s, toks, ts, e in zip(fi.tolist(), norm.tolist(), prefix, prefix_scores, eos_lp):
             finished[sent_ids[i]].append((s, toks + [EOS], ts + [e]))
-            touched.add(i)
-        ranked = {nbest: self.kth_best, k: self.worst_kept}
+            touched[i] = None
+        # one write per tensor for every sentence touched, not one per sentence and tensor
+        counts, kth, worst = [], [], []
         for i in touched:
-            lst = finished[sent_ids[i]]
-            self.n_fin[i] = len(lst)
-            for n, best in ranked.items():
-                if len(lst) >= n:
-                    best[i] = sorted((h[0] for h in lst), reverse=True)[n - 1]
+            ranked = sorted((h[0] for h in finished[sent_ids[i]]), reverse=True)
+            counts.append(len(ranked))
+            kth.append(ranked[nbest - 1] if len(ranked) >= nbest else NEG_INF)
+            worst.append(ranked[k - 1] if len(ranked) >= k else NEG_INF)
+        at = torch.tensor(list(touched), device=self.n_fin.device)
+        self.n_fin[at] = torch.tensor(counts, device=at.device)
+        self.kth_best[at] = torch.tensor(kth, dtype=self.kth_best.dtype, device=at.device)
+        self.worst_kept[at] = torch.tensor(worst, dtype=self.worst_kept.dtype, device=at.device)
 
 
 def _candidates(probs: Tensor, scores: Tensor, cfg: SearchConfig, cstate=None):
