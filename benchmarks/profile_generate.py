@@ -42,7 +42,8 @@ import profile_train  # noqa: E402
 PHASES = ("decoder steps", "encoder", "search and the rest")
 SPANS = {"nmt::decoder_step": PHASES[0], "nmt::encoder": PHASES[1]}
 # The ensemble's methods (decoding's model calls) and the region each is marked with.
-MARKED = {"encode": "nmt::encoder", "init_state": "nmt::encoder", "step": "nmt::decoder_step"}
+MARKED = {"encode": "nmt::encoder", "init_state": "nmt::encoder", "step": "nmt::decoder_step",
+          "_step_logits": "nmt::decoder_step"}     # greedy search of one model: its logits
 
 
 def mark(ensemble) -> None:
@@ -73,12 +74,13 @@ def phase_of(event, memo: dict[int, str]) -> str:
 
 
 def translate(translator, lines: list[str]) -> tuple[float, int]:
-    """(wall seconds, output subwords) of one translation of ``lines``."""
+    """(wall seconds, output subwords) of one translation of ``lines``, as nmt-generate's
+    text output translates them (no scores)."""
     import torch
 
     t0 = time.perf_counter()
     with torch.profiler.record_function("nmt::translate"):
-        results = translator.translate_results(lines)
+        results = translator.translate_results(lines, scores=False)
     wall = time.perf_counter() - t0
     return wall, sum(len(r.hypotheses[0].ids) for r in results if r.hypotheses)
 
