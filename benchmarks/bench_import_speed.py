@@ -62,10 +62,9 @@ ENGINE_ENVS = {f"nmt-{e}": e for e in CT2_ENVS}
 ENGINES = ("nmt", "hf", *CT2_ENVS, *ENGINE_ENVS)
 NAMES = {"nmt": "nmt", "hf": "transformers", "ct2": "CTranslate2",
          "ct2-nopack": "CTranslate2 (CT2_PACKED_GEMM=0)",
-         "ct2-nomkl": "CTranslate2 (CT2_USE_MKL=0)",
-         **{e: "nmt --engine ctranslate2" + NAMES_ENV for e, NAMES_ENV in (
-             ("nmt-ct2", ""), ("nmt-ct2-nopack", " (CT2_PACKED_GEMM=0)"),
-             ("nmt-ct2-nomkl", " (CT2_USE_MKL=0)"))}}
+         "ct2-nomkl": "CTranslate2 (CT2_USE_MKL=0)"}
+NAMES.update({e: NAMES[c].replace("CTranslate2", "nmt --engine ctranslate2", 1)
+              for e, c in ENGINE_ENVS.items()})
 PRECISIONS = ("fp32", "int8")
 BEAMS = (1, 4)
 BATCH = 64

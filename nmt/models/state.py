@@ -155,6 +155,8 @@ class SelfAttentionCache:
         old = self._store
         self._use(self._spare, rows)
         self._spare = old
+
+
 @dataclass
 class DecoderState:
     cache: SelfAttentionCache   # self-attention keys/values of the steps decoded so far
@@ -163,7 +165,11 @@ class DecoderState:
     memory_mask: Tensor | None  # [B, 1, 1, S] bool, True = attend; None when nothing is padded
     group: int                  # decoder rows per sentence (beam size)
     version: int = 0            # the cache's version when this state was made
-    memory_blocked: Tensor | None = None    # ~memory_mask, made once (True = masked)
+    memory_blocked: Tensor | None = None    # ~memory_mask, derived once (True = masked)
+
+    def __post_init__(self) -> None:
+        if self.memory_blocked is None and self.memory_mask is not None:
+            self.memory_blocked = ~self.memory_mask
 
     @property
     def num_rows(self) -> int:
@@ -187,6 +193,8 @@ class DecoderState:
         fields = dict(cross_k=self.cross_k, cross_v=self.cross_v, memory_mask=self.memory_mask,
                       group=self.group, memory_blocked=self.memory_blocked)
         fields.update(changes)
+        if "memory_mask" in changes:            # derived again from the new mask
+            fields["memory_blocked"] = None
         return DecoderState(cache=cache, version=cache.version, **fields)
 
     def advanced(self, cache: SelfAttentionCache, t: int) -> "DecoderState":
@@ -213,7 +221,7 @@ class DecoderState:
         cache.select_rows(rows)
         return self._with(cache, cross_k=[k.index_select(0, keep) for k in self.cross_k],
                           cross_v=[v.index_select(0, keep) for v in self.cross_v],
-                          memory_mask=mask, memory_blocked=None if mask is None else ~mask)
+                          memory_mask=mask)
 
     def expand(self, group: int) -> "DecoderState":
         """From one row per sentence to ``group`` copies of it (beam search decodes its first

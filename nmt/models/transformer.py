@@ -264,9 +264,8 @@ class Transformer(nn.Module):
         cfg = self.cfg
         cache = SelfAttentionCache(len(self.decoder_layers), enc.out.size(0) * group,
                                    cfg.heads * cfg.head_dim_k, cfg.heads * cfg.head_dim_v)
-        mask = enc.attn_mask()
-        return DecoderState(cache=cache, cross_k=cross_k, cross_v=cross_v, memory_mask=mask,
-                            group=group, memory_blocked=None if mask is None else ~mask)
+        return DecoderState(cache=cache, cross_k=cross_k, cross_v=cross_v,
+                            memory_mask=enc.attn_mask(), group=group)
 
     def decode(self, prev_tokens: Tensor, state: DecoderState,
                return_hidden: bool = False) -> tuple[Tensor, DecoderState]:
@@ -301,12 +300,9 @@ class Transformer(nn.Module):
         if self.tgt_embed_norm is not None:
             x = _norm(self.tgt_embed_norm, x)
         cache = state.take()
-        blocked = state.memory_blocked
-        if blocked is None and state.memory_mask is not None:
-            blocked = ~state.memory_mask
         for i, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, cache, i, state.cross_k[i], state.cross_v[i], blocked,
-                           state.group)
+            x = layer.step(x, cache, i, state.cross_k[i], state.cross_v[i],
+                           state.memory_blocked, state.group)
         if self.decoder_norm is not None:
             x = _norm(self.decoder_norm, x)
         new_state = state.advanced(cache, 1)

@@ -228,4 +228,5 @@ def diverse_candidates(probs: Tensor, scores: Tensor, groups: int, strength: flo
     return tuple(torch.cat(x, dim=1) for x in parts)  # type: ignore[return-value]
 
 
-__all__ = ["never_chosen", "first_max", "topk_stable", "beam_candidates", "split_candidates", "diverse_candidates"]
+__all__ = ["never_chosen", "first_max", "topk_stable", "beam_candidates", "split_candidates",
+           "diverse_candidates"]
