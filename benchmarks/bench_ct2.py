@@ -218,7 +218,8 @@ def main(argv=None) -> int:
     beams = [int(b) for b in args.beams.split(",")]
     from nmt.engines.ctranslate2 import converted_model
 
-    converted_model(args.checkpoint)      # --engine ctranslate2's cache, before any timing
+    for stored in ("float32", "int8"):     # --engine ctranslate2's cache, before any timing
+        converted_model(args.checkpoint, stored)
     load_before = os.getloadavg()[0]
     tuned = tune_ct2(args, work, dirs, beams)
     configs = [("nmt", p, b) for b in beams for p in nmt_precisions()]

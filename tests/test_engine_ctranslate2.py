@@ -196,6 +196,50 @@ def test_converted_once_cached_beside_and_renewed_when_the_checkpoint_changes(
     assert second != first and entries(ckpt) == [second.name]   # the old entry is gone
 
 
+def test_int8_decodes_a_conversion_quantized_once_beside_the_float32_one(trained, tmp_path):
+    """--precision int8 loads an entry whose weights were quantized as nmt-export
+    --quantization int8 quantizes them (CTranslate2 then holds no float32 copy while it
+    loads); it decodes as CTranslate2 does with that export, and lives beside the float32
+    entry until the checkpoint changes."""
+    from nmt.interop.ct2_export import export_model
+
+    ckpt = copy_of(trained, tmp_path / "run")
+    fp32 = engine.converted_model(ckpt)
+    lines = sample_lines()[:20]
+    t = Translator.from_checkpoint(ckpt, engine="ctranslate2", precision="int8", threads=1,
+                                   search=SearchConfig(beam=1))
+    int8 = t.model_dir
+    assert sorted([fp32.name, int8.name]) == entries(ckpt) and int8 != fp32
+    meta = json.loads((int8 / engine.META).read_text(encoding="utf-8"))
+    assert meta["quantization"] == "int8"
+    assert (int8 / "model.bin").stat().st_size < 0.6 * (fp32 / "model.bin").stat().st_size
+    assert engine.converted_model(ckpt, "int8") == int8
+    # the same translations as CTranslate2 given nmt-export's int8 model directly
+    export = export_model(ckpt, tmp_path / "int8-export", quantization="int8")
+    assert (export / "model.bin").read_bytes() == (int8 / "model.bin").read_bytes()
+    direct = ctranslate2.Translator(str(export), compute_type="int8", intra_threads=1)
+    symbols = t.src_codec.dictionary.symbols
+    want = []
+    for i, line in enumerate(lines):
+        a = t.src_codec.encode(line)
+        limit = t._limit(len(a), i + 1)
+        r = direct.translate_batch([[symbols[x] for x in a]], beam_size=1,
+                                   min_decoding_length=min(t.search.minimum, limit),
+                                   max_decoding_length=limit)[0]
+        want.append([t.tgt_codec.dictionary.index(p) for p in r.hypotheses[0]])
+    got = [list(r.hypotheses[0].ids[:-1]) for r in t.translate_results(lines, scores=False)]
+    assert got == want
+    # a new checkpoint under the same name: both entries of the old one go
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    ck = load_checkpoint(ckpt)
+    name = next(k for k, v in ck["model"].items() if v.is_floating_point())
+    ck["model"][name] = ck["model"][name] + 0.5
+    save_checkpoint(ck, ckpt)
+    renewed = engine.converted_model(ckpt, "int8")
+    assert entries(ckpt) == [renewed.name]
+
+
 def test_processes_racing_to_convert_make_one_entry(trained, tmp_path):
     ckpt = copy_of(trained, tmp_path / "run")
     code = ("import sys; from nmt.engines.ctranslate2 import converted_model; "

@@ -7,10 +7,13 @@
 
 The checkpoint is converted once, with nmt-export's code (nmt.interop.ct2_export), into a
 CTranslate2 model directory cached beside it: ``DIR/.nmt-ctranslate2/KEY/``, where KEY is a
-hash of the checkpoint's bytes, the ctranslate2 version and nmt's. The directory is built under
-a temporary name and renamed into place, under an exclusive lock (another process converting
-the same checkpoint waits for it); a checkpoint file that changes (checkpoint_last.pt during
-training) gets a new entry and the older entries of the same file are removed. Where the
+hash of the checkpoint's bytes, the ctranslate2 version, nmt's and the weights' type: float32,
+or int8 for ``--precision int8``, whose model is quantized when it is converted, as nmt-export
+``--quantization int8`` does, so that loading it takes no more memory than an int8 export. The
+directory is built under a temporary name and renamed into place, under an exclusive lock
+(another process converting the same checkpoint waits for it); a checkpoint file that changes
+(checkpoint_last.pt during training) gets new entries and the older entries of the same file
+are removed. Where the
 checkpoint's directory is not writable, the cache is ``$XDG_CACHE_HOME/nmt/ctranslate2``
 (``~/.cache``). A cached model is read without torch: the codecs and the decoding preset are in
 its ``nmt_engine.json``, so a process that finds its model there never imports torch.
@@ -74,6 +77,9 @@ META_VERSION = 1
 # nmt's --precision -> CTranslate2's compute type (auto: what the converted model holds).
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16", "fp16": "float16",
                  "auto": "default"}
+# nmt's --precision -> the weights of the cached conversion (others: float32, converted by
+# CTranslate2 as it loads them).
+STORED = {"int8": "int8"}
 # CTranslate2 stops as nmt does (after ``beam`` finished hypotheses) with any length penalty
 # other than 0, and divides the log-probabilities by |Y| ** 1e-9: by less than 1e-8 of them.
 TINY_LENPEN = 1e-9
@@ -102,18 +108,31 @@ def import_ctranslate2():
 
 # --- the cache ------------------------------------------------------------------------------
 
-def cache_key(path: Path, ct2_version: str) -> str:
-    """A hash of the checkpoint's bytes and of the two versions that make the conversion."""
-    from nmt.version import __version__
-
+def checkpoint_hash(path: Path) -> str:
+    """A hash of the checkpoint's bytes."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"nmt {__version__} ctranslate2 {ct2_version}\n".encode())
     try:
         with open(path, "rb") as f:
             while chunk := f.read(1 << 22):
                 h.update(chunk)
     except OSError as e:
         raise NmtError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def _made_by(ct2_version: str) -> str:
+    from nmt.version import __version__
+
+    return f"nmt {__version__} ctranslate2 {ct2_version}"
+
+
+def cache_key(path: Path, ct2_version: str, quantization: str = "float32",
+              content: str | None = None) -> str:
+    """A hash of the checkpoint's bytes (``content``, when known: its checkpoint_hash), of
+    the two versions that make the conversion and of the weights' type."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{_made_by(ct2_version)} {quantization}\n".encode())
+    h.update((content or checkpoint_hash(path)).encode())
     return h.hexdigest()
 
 
@@ -169,44 +188,50 @@ class _CacheLock:
         os.close(self.fd)
 
 
-def converted_model(checkpoint: str | os.PathLike) -> Path:
-    """The cached CTranslate2 model directory of ``checkpoint`` (a path), converted now if
-    it is not there yet. Safe to call from several processes at once."""
+def converted_model(checkpoint: str | os.PathLike, quantization: str = "float32") -> Path:
+    """The cached CTranslate2 model directory of ``checkpoint`` (a path) with ``quantization``
+    weights (float32 or int8), converted now if it is not there yet. Safe to call from
+    several processes at once."""
     ct2 = import_ctranslate2()
     path = Path(checkpoint)
     from nmt.io import check_readable
 
     check_readable(path, "checkpoint", expected="a checkpoint file")
-    key = cache_key(path, ct2.__version__)
+    content = checkpoint_hash(path)
+    key = cache_key(path, ct2.__version__, quantization, content)
     root = _cache_root(path.resolve())
     entry = root / key
     if (entry / META).is_file():
         return entry
     with _CacheLock(root, exclusive=True):
         if not (entry / META).is_file():        # another process may have made it meanwhile
-            _convert(path, entry, key)
-            _prune(root, path.resolve(), keep=key)
+            made_by = _made_by(ct2.__version__)
+            _convert(path, entry, key, quantization, content, made_by)
+            _prune(root, path.resolve(), content, made_by)
     return entry
 
 
-def _convert(path: Path, entry: Path, key: str) -> None:
+def _convert(path: Path, entry: Path, key: str, quantization: str, content: str,
+             made_by: str) -> None:
     from nmt.checkpoint import (checkpoint_task, codecs_from_checkpoint, inference_checkpoint,
                                 load_checkpoint, model_config)
     from nmt.interop.ct2_export import export_model
     from nmt.io import fsync_dir
 
-    log.info("converting %s for CTranslate2 (once; cached in %s)", path, entry.parent)
+    log.info("converting %s for CTranslate2, %s weights (once; cached in %s)", path,
+             quantization, entry.parent)
     ckpt = inference_checkpoint(load_checkpoint(path, mmap=True))
     src, tgt = codecs_from_checkpoint(ckpt, str(path))
     cfg = model_config(ckpt)
     meta = {"version": META_VERSION, "key": key, "checkpoint": str(path.resolve()),
+            "content": content, "made_by": made_by, "quantization": quantization,
             "task": checkpoint_task(ckpt, str(path)).name,
             "model_config": cfg.to_dict(),
             "src_codec": src.to_state(), "tgt_codec": tgt.to_state()}
     tmp = entry.with_name(f".{key}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        export_model(ckpt, tmp)
+        export_model(ckpt, tmp, quantization=quantization)
         (tmp / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
         os.replace(tmp, entry)
         fsync_dir(entry.parent)
@@ -217,11 +242,13 @@ def _convert(path: Path, entry: Path, key: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _prune(root: Path, checkpoint: Path, keep: str) -> None:
-    """Remove the entries converted from ``checkpoint`` before it changed, and temporaries
-    left by processes that died converting (the caller holds the exclusive lock)."""
+def _prune(root: Path, checkpoint: Path, content: str, made_by: str) -> None:
+    """Remove the entries converted from ``checkpoint`` before it changed (from other bytes
+    than ``content``) or by other versions of nmt or ctranslate2 than ``made_by``, and
+    temporaries left by processes that died converting (the caller holds the exclusive
+    lock)."""
     for d in root.iterdir():
-        if d.name == keep or not d.is_dir():
+        if not d.is_dir():
             continue
         if d.name.startswith("."):
             shutil.rmtree(d, ignore_errors=True)
@@ -230,7 +257,8 @@ def _prune(root: Path, checkpoint: Path, keep: str) -> None:
             meta = json.loads((d / META).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if meta.get("checkpoint") == str(checkpoint):
+        if meta.get("checkpoint") == str(checkpoint) and (meta.get("content"), meta.get(
+                "made_by")) != (content, made_by):
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -297,13 +325,16 @@ class CTranslate2Translator(TranslatorBase):
             if not isinstance(path, (str, os.PathLike)):
                 raise UsageError("--engine ctranslate2 takes a checkpoint file, not a "
                                  "checkpoint loaded in memory")
+        if precision not in COMPUTE_TYPES:
+            raise UsageError(f"--engine ctranslate2 decodes in {', '.join(COMPUTE_TYPES)}, "
+                             f"not {precision}")
         if sampling is not None:
             raise UsageError("--engine ctranslate2 does not sample as nmt does (its random "
                              "draws differ): use --engine nmt for --sampling")
         if tree_constraints:
             raise UsageError("--engine ctranslate2 cannot decode under tree constraints: "
                              "use --engine nmt")
-        entry = converted_model(path)
+        entry = converted_model(path, STORED.get(precision, "float32"))
         meta = json.loads((entry / META).read_text(encoding="utf-8"))
         return cls(entry, meta, search=search, batch=batch, device=device or "auto",
                    precision=precision, threads=threads)

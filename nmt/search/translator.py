@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from nmt.errors import NmtError, UsageError
+from nmt.perf import keep_freed_memory
 from nmt.runtime import QUANTIZED_PRECISIONS, auto_precision, check_precision, resolve_device
 from nmt.search.config import DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig
 from nmt.search.ensemble import EnsembleModel
@@ -169,6 +170,8 @@ class Translator(TranslatorBase):
 
                 pack_linears(model)         # on a CPU: weights packed once for oneDNN
             models.append(model)
+        if dev.type == "cpu":
+            keep_freed_memory()     # as the commands do at start-up (see nmt.perf)
         translator = cls(models, codecs[0], codecs[1],
                          search=(search or SearchConfig()).resolve(cfg), batch=batch, device=dev,
                          sampling=sampling, tree_constraints=tree_constraints, task=task)
