@@ -41,15 +41,16 @@ VARIANTS = ("fp32", "int8", "int8-linear")
 
 
 def load(variant: str, ckpts, beam: int, batch_size: int | None):
-    from nmt.models.quantize import quantize_int8
     from nmt.search.translator import BatchConfig, SearchConfig, Translator
 
     kw = dict(search=SearchConfig(beam=beam), batch=BatchConfig(batch_size=batch_size),
               device="cpu")
     if variant == "int8-linear":
-        tr = Translator.from_checkpoint(ckpts, precision="fp32", **kw)
+        # loaded as int8 (an fp32 load packs its linear layers for oneDNN, where no nn.Linear
+        # is left to quantize), then the output projection back to the fp32 matrix
+        tr = Translator.from_checkpoint(ckpts, precision="int8", **kw)
         for m in tr.ensemble.models:
-            quantize_int8(m, output_projection=False)
+            m.quantized_output = None
         return tr
     return Translator.from_checkpoint(ckpts, precision=variant, **kw)
 

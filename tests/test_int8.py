@@ -178,3 +178,21 @@ def test_bench_int8_quick_mode(tmp_path):
                                        ref.read_text().splitlines())]
         assert row["identical_to_fp32"] == round(sum(same) / len(same), 4), variant
     assert rep["variants"]["fp32"]["bleu"] == 100.0      # scored against itself in --quick
+
+
+def test_bench_int8_linear_variant_quantizes_the_linear_layers_only(tmp_path):
+    """bench_int8's int8-linear decoder: int8 linear layers and the fp32 output projection,
+    also at a width where an fp32 load packs the linear layers (nothing left to quantize)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_int8", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_int8.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = make_checkpoint(tmp_path / "wide.pt", d_model=256, d_ff=512, heads=4)
+    tr = bench.load("int8-linear", [str(path)], beam=2, batch_size=None)
+    (model,) = tr.ensemble.models
+    assert is_quantized(model) and model.quantized_output is None
+    assert not is_quantized(bench.load("fp32", [str(path)], beam=2, batch_size=None
+                                       ).ensemble.models[0])
