@@ -232,9 +232,9 @@ class _Decoder:
                      and is_regular_file(cfg.input_path))
         if cfg.engine != "nmt":
             sources = paths     # converted from the file (and once, before any worker starts)
-            from nmt.engines.ctranslate2 import STORED, converted_model
+            from nmt.engines.ctranslate2 import converted_model, stored_weights
 
-            converted_model(paths[0], STORED.get(precision, "float32"))
+            converted_model(paths[0], stored_weights(precision))
         if plan.workers > 1:
             from nmt.batch.workers import WorkerSpec, worker_threads
 

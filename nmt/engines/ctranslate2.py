@@ -79,7 +79,7 @@ COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16", "fp16": 
                  "auto": "default"}
 # nmt's --precision -> the weights of the cached conversion (others: float32, converted by
 # CTranslate2 as it loads them).
-STORED = {"int8": "int8"}
+_STORED = {"int8": "int8"}
 # CTranslate2 stops as nmt does (after ``beam`` finished hypotheses) with any length penalty
 # other than 0, and divides the log-probabilities by |Y| ** 1e-9: by less than 1e-8 of them.
 TINY_LENPEN = 1e-9
@@ -120,19 +120,30 @@ def checkpoint_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+def stored_weights(precision: str) -> str:
+    """The weights of the cached conversion that ``--precision`` decodes: int8 for int8,
+    float32 for the others."""
+    return _STORED.get(precision, "float32")
+
+
+def _check_precision(precision: str) -> None:
+    """A one-line UsageError for a --precision CTranslate2 has no compute type for."""
+    if precision not in COMPUTE_TYPES:
+        raise UsageError(f"--engine ctranslate2 decodes in {', '.join(COMPUTE_TYPES)}, "
+                         f"not {precision}")
+
+
 def _made_by(ct2_version: str) -> str:
     from nmt.version import __version__
 
     return f"nmt {__version__} ctranslate2 {ct2_version}"
 
 
-def cache_key(path: Path, ct2_version: str, quantization: str = "float32",
-              content: str | None = None) -> str:
-    """A hash of the checkpoint's bytes (``content``, when known: its checkpoint_hash), of
-    the two versions that make the conversion and of the weights' type."""
+def cache_key(content: str, made_by: str, quantization: str) -> str:
+    """A hash of the checkpoint's bytes (``content``: its checkpoint_hash), of the versions
+    that make the conversion (``made_by``) and of the weights' type."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"{_made_by(ct2_version)} {quantization}\n".encode())
-    h.update((content or checkpoint_hash(path)).encode())
+    h.update(f"{made_by} {quantization}\n{content}".encode())
     return h.hexdigest()
 
 
@@ -197,15 +208,14 @@ def converted_model(checkpoint: str | os.PathLike, quantization: str = "float32"
     from nmt.io import check_readable
 
     check_readable(path, "checkpoint", expected="a checkpoint file")
-    content = checkpoint_hash(path)
-    key = cache_key(path, ct2.__version__, quantization, content)
+    content, made_by = checkpoint_hash(path), _made_by(ct2.__version__)
+    key = cache_key(content, made_by, quantization)
     root = _cache_root(path.resolve())
     entry = root / key
     if (entry / META).is_file():
         return entry
     with _CacheLock(root, exclusive=True):
         if not (entry / META).is_file():        # another process may have made it meanwhile
-            made_by = _made_by(ct2.__version__)
             _convert(path, entry, key, quantization, content, made_by)
             _prune(root, path.resolve(), content, made_by)
     return entry
@@ -291,9 +301,7 @@ class CTranslate2Translator(TranslatorBase):
         self._set_limits(self._max_positions)
         self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
         self.device, self.device_index = _ct2_device(ct2, device)
-        if precision not in COMPUTE_TYPES:
-            raise UsageError(f"--engine ctranslate2 decodes in {', '.join(COMPUTE_TYPES)}, "
-                             f"not {precision}")
+        _check_precision(precision)
         self.precision = precision
         self.compute_type = COMPUTE_TYPES[precision]
         self.threads = threads or usable_cpus()
@@ -325,16 +333,14 @@ class CTranslate2Translator(TranslatorBase):
             if not isinstance(path, (str, os.PathLike)):
                 raise UsageError("--engine ctranslate2 takes a checkpoint file, not a "
                                  "checkpoint loaded in memory")
-        if precision not in COMPUTE_TYPES:
-            raise UsageError(f"--engine ctranslate2 decodes in {', '.join(COMPUTE_TYPES)}, "
-                             f"not {precision}")
+        _check_precision(precision)
         if sampling is not None:
             raise UsageError("--engine ctranslate2 does not sample as nmt does (its random "
                              "draws differ): use --engine nmt for --sampling")
         if tree_constraints:
             raise UsageError("--engine ctranslate2 cannot decode under tree constraints: "
                              "use --engine nmt")
-        entry = converted_model(path, STORED.get(precision, "float32"))
+        entry = converted_model(path, stored_weights(precision))
         meta = json.loads((entry / META).read_text(encoding="utf-8"))
         return cls(entry, meta, search=search, batch=batch, device=device or "auto",
                    precision=precision, threads=threads)
