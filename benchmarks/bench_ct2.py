@@ -14,11 +14,13 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    one pass in each environment (as shipped; ``CT2_PACKED_GEMM=0``, which is several times
    faster on some Intel CPUs; ``CT2_USE_MKL=0``, its oneDNN/ruy backends instead of MKL) and
    with each batching (``max_batch_size`` 32 examples as its own benchmark, 64 examples, and
-   nmt's default token budget as ``batch_type="tokens"``). The fastest of these is kept.
+   nmt's default token budget for this model as ``batch_type="tokens"``, and 8192 // beam
+   tokens where that differs). The fastest of these is kept.
 2. Then ``--rounds`` rounds, in an order reversed every other round, of nmt at its defaults
-   (Translator: batches of 8192 // beam source tokens, GNMT length penalty 0.6, max length
-   source + 50) in fp32, bf16 (where the CPU has native bf16) and int8, and CTranslate2 with
-   the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when
+   (Translator: batches of 8192 // beam source tokens, up to 4x that, at most 8192, for a
+   decoder narrower than transformer_small's, 8192 // beam with --engine ctranslate2; GNMT
+   length penalty 0.6, max length source + 50) in fp32, bf16 (where the CPU has native bf16)
+   and int8, and CTranslate2 with the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when
    its best hypothesis has finished, close to nmt's rule; max length source + 50 per call).
 
 3. In the same rounds, ``nmt-generate --engine ctranslate2`` (the Translator with
@@ -52,7 +54,6 @@ WARMUP = 16
 CT2_ENVS = {"shipped": {}, "CT2_PACKED_GEMM=0": {"CT2_PACKED_GEMM": "0"},
             "CT2_USE_MKL=0": {"CT2_USE_MKL": "0"}}
 CT2_TYPES = ("float32", "int8", "int8_float32")
-SEARCH_TOKENS = 8192            # nmt.search.config.DEFAULT_SEARCH_TOKENS
 
 
 # --- children: one configuration each -------------------------------------------------------
@@ -177,13 +178,24 @@ def run_child(args, work: Path, engine: str, precision: str, beam: int, model_di
 
 
 # --- the run --------------------------------------------------------------------------------
+def token_budgets(checkpoint: str, beam: int) -> list[int]:
+    """nmt's default source tokens per batch for this checkpoint's model at ``beam``, then the
+    unscaled default where that differs."""
+    from nmt.checkpoint import load_checkpoint, model_config
+    from nmt.search.config import default_source_tokens
+
+    cfg = model_config(load_checkpoint(checkpoint, mmap=True))
+    ours = default_source_tokens(beam, cfg.decoder_layers * cfg.d_model)
+    return sorted({ours, default_source_tokens(beam)}, key=lambda n: n != ours)
+
+
 def tune_ct2(args, work: Path, dirs: dict, beams: list[int]) -> dict:
     """(compute type, beam) -> (environment, batching) of CTranslate2's fastest pass."""
     best = {}
     for ct in CT2_TYPES:
         for beam in beams:
             batchings = [["examples", 32], ["examples", 64],
-                         ["tokens", max(SEARCH_TOKENS // beam, 256)]]
+                         *(["tokens", n] for n in token_budgets(args.checkpoint, beam))]
             tried = []
             for env_name in CT2_ENVS:
                 row = run_child(args, work, "ct2", ct, beam, dirs[ct], env_name, batchings)

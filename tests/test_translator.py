@@ -159,6 +159,25 @@ def test_ensemble(tmp_path, ckpt):
         Translator.from_checkpoint([ckpt, bad])
 
 
+def test_default_batch_grows_for_decoders_narrower_than_transformer_small():
+    from nmt.search.config import default_source_tokens
+
+    # transformer_small's decoder (3 x 256) and wider: 8192 // beam, as without a width
+    for width in (None, 3 * 256, 6 * 512, 6 * 1024):
+        assert [default_source_tokens(b, width) for b in (1, 4, 5, 100)] == [8192, 2048, 1638, 256]
+    # narrower: up to 4x the rows, at most 8192 source tokens
+    assert [default_source_tokens(4, w) for w in (384, 256, 128, 64)] == [4096, 6144, 8192, 8192]
+    assert [default_source_tokens(b, 128) for b in (1, 2, 16, 256)] == [8192, 8192, 2048, 256]
+
+
+def test_the_default_batch_follows_the_models_decoder(ckpt):
+    assert Translator.from_checkpoint(ckpt, search=SearchConfig(beam=4)).max_tokens == 8192
+    # an ensemble holds the rows of each model: two transformer_tiny decoders, 2 x (2 x 64)
+    assert Translator.from_checkpoint([ckpt, ckpt], search=SearchConfig(beam=4)).max_tokens == 6144
+    t = Translator.from_checkpoint(ckpt, search=SearchConfig(beam=4), batch=BatchConfig(batch_size=8))
+    assert (t.batch_size, t.max_tokens) == (8, None)
+
+
 def test_bad_options_and_ids(ckpt):
     with pytest.raises(UsageError, match="needs a GPU"):
         Translator.from_checkpoint(ckpt, precision="fp16", device="cpu")

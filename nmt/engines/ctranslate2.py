@@ -298,6 +298,8 @@ class CTranslate2Translator(TranslatorBase):
         self._max_output = int(export["decoding"]["max_output_len"])
         self._learned = cfg.positional == "learned"
         self._max_positions = cfg.max_positions if self._learned else None
+        # the default batch is not scaled to the model's width (BatchConfig.limits): that
+        # saves PyTorch's fixed cost per operation, which CTranslate2 does not pay
         self._set_limits(self._max_positions)
         self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
         self.device, self.device_index = _ct2_device(ct2, device)

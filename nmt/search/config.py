@@ -133,15 +133,31 @@ PRESET_FIELDS = ("beam", "lenpen", "lenpen_formula", "max_len_a", "max_len_b", "
 # The default batch: source tokens (padding included) x beam. 8192 // 4 = 2048 source tokens
 # at beam 4, about 140 Multi30k sentences (560 decoder rows); 8192 at beam 1.
 DEFAULT_SEARCH_TOKENS = 8192
+# A decoder narrower than transformer_small's (decoder layers x d_model, 3 x 256) holds less per
+# row and spends its steps on the fixed cost of each operation rather than on products, so its
+# default batch holds WIDTH // its width times as many rows (at most 4x), up to
+# DEFAULT_SEARCH_TOKENS source tokens: fewer batches at beam > 1, so fewer decoder steps in all
+# (greedy decoding gained nothing measurable from more than 8192 tokens, for more memory).
+DEFAULT_BATCH_WIDTH = 768
+MAX_BATCH_SCALE = 4
+
+
+def default_source_tokens(beam: int, width: int | None = None) -> int:
+    """Source tokens per batch when neither a batch size nor a token budget is given, for a
+    search with ``beam`` rows per sentence and a decoder of ``width`` = layers x d_model (None:
+    not known, no scaling)."""
+    scale = 1 if not width else max(1, min(MAX_BATCH_SCALE, DEFAULT_BATCH_WIDTH // width))
+    return max(min(DEFAULT_SEARCH_TOKENS, DEFAULT_SEARCH_TOKENS * scale // max(beam, 1)), 256)
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     """How sources are batched: at most ``batch_size`` sentences and/or ``max_tokens`` source
     tokens (padding included) per batch; when neither is set, ``DEFAULT_SEARCH_TOKENS`` // beam
-    source tokens (``limits``), so that a batch holds about as many decoder rows whatever the
-    beam: enough to keep the per-step cost of small models low, few enough to bound the memory
-    of big ones. Sources longer than ``max_source_len`` subwords are truncated (the model's
+    source tokens (``limits``: default_source_tokens), so that a batch holds about as many
+    decoder rows whatever the beam: enough to keep the per-step cost of small models low, few
+    enough to bound the memory of big ones (nmt's own engine passes its decoder's width:
+    one narrower than transformer_small's gets up to 4x the rows, at most 8192 source tokens). Sources longer than ``max_source_len`` subwords are truncated (the model's
     learned positions may lower that limit). The batching never changes the translations
     (but with --precision int8, whose activation scales are per batch)."""
 
@@ -157,11 +173,12 @@ class BatchConfig:
         if self.max_source_len < 1:
             raise UsageError(f"max source length must be >= 1, got {self.max_source_len}")
 
-    def limits(self, beam: int) -> tuple[int | None, int | None]:
+    def limits(self, beam: int, width: int | None = None) -> tuple[int | None, int | None]:
         """(sentences, source tokens) per batch in force for a search with ``beam`` rows per
-        sentence; None: no limit of that kind."""
+        sentence by a decoder of ``width`` = layers x d_model (None: unknown); None: no limit
+        of that kind."""
         if self.batch_size is None and self.max_tokens is None:
-            return None, max(DEFAULT_SEARCH_TOKENS // max(beam, 1), 256)
+            return None, default_source_tokens(beam, width)
         return self.batch_size, self.max_tokens
 
 
@@ -181,4 +198,5 @@ class SamplingConfig:
             raise UsageError(f"--temperature must be > 0, got {self.temperature}")
 
 
-__all__ = ["SearchConfig", "BatchConfig", "length_limit", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS"]
+__all__ = ["SearchConfig", "BatchConfig", "length_limit", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS",
+           "default_source_tokens"]

@@ -77,6 +77,15 @@ class EnsembleModel:
         return min(limits) if limits else None
 
     @property
+    def decoder_width(self) -> int | None:
+        """Decoder layers x d_model summed over the models (what each row of a batch holds per
+        position, and what a step computes, grow with it); None when a model has no ``cfg``."""
+        cfgs = [getattr(m, "cfg", None) for m in self.models]
+        if any(c is None for c in cfgs):
+            return None
+        return sum(c.decoder_layers * c.d_model for c in cfgs)
+
+    @property
     def start_token(self) -> int:
         """The id every model's decoder starts from (a model without ``start_token``, e.g. a
         scripted one in tests, starts from bos)."""

@@ -88,9 +88,10 @@ class TranslatorBase:
     search: SearchConfig
     batch: BatchConfig
 
-    def _set_limits(self, max_positions: int | None) -> None:
-        """batch_size/max_tokens and max_source_len, once search and batch are set."""
-        self.batch_size, self.max_tokens = self.batch.limits(self.search.beam)
+    def _set_limits(self, max_positions: int | None, width: int | None = None) -> None:
+        """batch_size/max_tokens and max_source_len, once search and batch are set; ``width``:
+        the decoder's layers x d_model (BatchConfig.limits), None: unknown."""
+        self.batch_size, self.max_tokens = self.batch.limits(self.search.beam, width)
         # The encoder reads ids + eos, so learned positions leave max_positions - 1 for ids.
         self.max_source_len = (self.batch.max_source_len if max_positions is None
                                else min(self.batch.max_source_len, max_positions - 1))

@@ -87,7 +87,7 @@ class Translator(TranslatorBase):
         # The decoder layer whose attention --replace-unk follows (nmt.search.forced.align;
         # None: the penultimate).
         self.align_layer: int | None = None
-        self._set_limits(self.ensemble.max_positions)
+        self._set_limits(self.ensemble.max_positions, self.ensemble.decoder_width)
 
     @property
     def max_positions(self) -> int | None:
