@@ -158,9 +158,9 @@ class GenerateConfig:
         None, "Parsing: constrained decoding, every output a well-formed linearized tree "
               "(brackets open before they close, with matching labels and a word each; one XX "
               "per source word; room kept to close within the length limit). Default: on for a "
-              "parsing checkpoint, recognized by its target dictionary (XX and only bracket "
-              "symbols besides the specials; checkpoints record no task); --tree-constraints "
-              "forces it on, e.g. with a joined dictionary.", negatable=True, show_default=False)
+              "parsing checkpoint (the task it records; one from before checkpoints recorded "
+              "it, recognized by its target dictionary: XX and only bracket symbols besides "
+              "the specials); --tree-constraints forces it on, e.g. with a joined dictionary.", negatable=True, show_default=False)
 
     def __post_init__(self) -> None:
         if self.buffer_size < 1:

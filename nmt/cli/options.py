@@ -126,7 +126,7 @@ def runtime_options(command: str) -> Callable[[F], F]:
         precision = (f"fp32; bf16/fp16 (on a GPU; bf16 also on a CPU with native bf16, e.g. "
                      f"AVX512-BF16/AMX); int8 (on a CPU: linear layers dynamically quantized "
                      f"to int8); or auto: bf16 on a GPU with bf16 and, for models of d_model "
-                     f">= 256, on a CPU with native bf16, fp32 elsewhere (the choice is "
+                     f">= 512, on a CPU with native bf16, fp32 elsewhere (the choice is "
                      f"logged). With --engine ctranslate2, the weight type {what} uses.")
         device = ("cpu, cuda, cuda:N or auto (a GPU when there is one" +
                   ("; under torchrun each rank takes cuda:LOCAL_RANK)." if command == "generate"
