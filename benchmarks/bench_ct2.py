@@ -20,8 +20,9 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    (Translator: batches of 8192 // beam source tokens, up to 4x that, at most 8192, for a
    decoder narrower than transformer_small's, 8192 // beam with --engine ctranslate2; GNMT
    length penalty 0.6, max length source + 50) in fp32, bf16 (where the CPU has native bf16)
-   and int8, and CTranslate2 with the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when
-   its best hypothesis has finished, close to nmt's rule; max length source + 50 per call).
+   and int8, and CTranslate2 with the kept settings per compute type (``length_penalty=0``:
+   it ends a sentence's search when its best hypothesis has finished, close to nmt's rule;
+   max length source + 50 per call).
 
 3. In the same rounds, ``nmt-generate --engine ctranslate2`` (the Translator with
    ``engine="ctranslate2"``: nmt's pipeline, the cached conversion, CTranslate2's kept
@@ -178,24 +179,25 @@ def run_child(args, work: Path, engine: str, precision: str, beam: int, model_di
 
 
 # --- the run --------------------------------------------------------------------------------
-def token_budgets(checkpoint: str, beam: int) -> list[int]:
-    """nmt's default source tokens per batch for this checkpoint's model at ``beam``, then the
-    unscaled default where that differs."""
-    from nmt.checkpoint import load_checkpoint, model_config
+def token_budgets(width: int, beam: int) -> list[int]:
+    """nmt's default source tokens per batch at ``beam`` for a decoder of ``width`` (layers x
+    d_model), then the unscaled default where that differs."""
     from nmt.search.config import default_source_tokens
 
-    cfg = model_config(load_checkpoint(checkpoint, mmap=True))
-    ours = default_source_tokens(beam, cfg.decoder_layers * cfg.d_model)
+    ours = default_source_tokens(beam, width)
     return sorted({ours, default_source_tokens(beam)}, key=lambda n: n != ours)
 
 
 def tune_ct2(args, work: Path, dirs: dict, beams: list[int]) -> dict:
     """(compute type, beam) -> (environment, batching) of CTranslate2's fastest pass."""
+    from nmt.checkpoint import load_checkpoint, model_config
+
+    width = model_config(load_checkpoint(args.checkpoint, mmap=True)).decoder_width
     best = {}
     for ct in CT2_TYPES:
         for beam in beams:
             batchings = [["examples", 32], ["examples", 64],
-                         *(["tokens", n] for n in token_budgets(args.checkpoint, beam))]
+                         *(["tokens", n] for n in token_budgets(width, beam))]
             tried = []
             for env_name in CT2_ENVS:
                 row = run_child(args, work, "ct2", ct, beam, dirs[ct], env_name, batchings)

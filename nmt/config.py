@@ -78,6 +78,12 @@ class ModelConfig:
         return self.d_v if self.d_v is not None else self.d_model // self.heads
 
     @property
+    def decoder_width(self) -> int:
+        """Decoder layers x d_model: what a decoding row holds per position, and what a step
+        computes, grow with it (nmt.search.config.default_source_tokens)."""
+        return self.decoder_layers * self.d_model
+
+    @property
     def start_id(self) -> int:
         """Id of the symbol the decoder starts from (nmt.specials.START_IDS)."""
         return START_IDS[self.decoder_start]

@@ -160,7 +160,8 @@ class GenerateConfig:
               "per source word; room kept to close within the length limit). Default: on for a "
               "parsing checkpoint (the task it records; one from before checkpoints recorded "
               "it, recognized by its target dictionary: XX and only bracket symbols besides "
-              "the specials); --tree-constraints forces it on, e.g. with a joined dictionary.", negatable=True, show_default=False)
+              "the specials); --tree-constraints forces it on, e.g. with a joined dictionary.",
+        negatable=True, show_default=False)
 
     def __post_init__(self) -> None:
         if self.buffer_size < 1:

@@ -83,7 +83,7 @@ class EnsembleModel:
         cfgs = [getattr(m, "cfg", None) for m in self.models]
         if any(c is None for c in cfgs):
             return None
-        return sum(c.decoder_layers * c.d_model for c in cfgs)
+        return sum(c.decoder_width for c in cfgs)
 
     @property
     def start_token(self) -> int:

@@ -53,7 +53,8 @@ class TrainConfig:
                               f"{DEFAULT_ARCH}; with --init-from, the checkpoint's].",
                               short="-a")
     overrides: dict = option(None, "Change a model hyperparameter, e.g. --override dropout=0.3 "
-                             "--override layers=4 (repeatable; unknown keys are an error).", cli=False)
+                             "--override layers=4 (repeatable; unknown keys are an error).",
+                             cli=False)
     user_dir: str | None = option(
         None, "Import this folder (a package with an __init__.py) or .py file first: it "
         "registers architectures with nmt.register_arch, e.g. for --arch my_arch. Installed "
@@ -61,8 +62,8 @@ class TrainConfig:
     init_from: str | None = option(
         None, "Start from this checkpoint's weights (fine-tuning, domain adaptation): the "
         "model configuration comes from it (only dropout, attention_dropout, "
-        "activation_dropout and label_smoothing may be changed with --override); the optimizer, "
-        "learning-rate schedule (--warmup, --lr-scale) and data position start afresh. "
+        "activation_dropout and label_smoothing may be changed with --override); the "
+        "optimizer, learning-rate schedule (--warmup, --lr-scale) and data position start afresh. "
         "DATA_DIR must have the checkpoint's vocabularies (nmt-preprocess --reuse-vocab). "
         "Ignored when the run resumes from SAVE_DIR.", metavar="CKPT")
     share_all_embeddings: bool | None = option(
