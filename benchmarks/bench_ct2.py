@@ -18,11 +18,11 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    tokens where that differs). The fastest of these is kept.
 2. Then ``--rounds`` rounds, in an order reversed every other round, of nmt at its defaults
    (Translator: batches of 8192 // beam source tokens, up to 4x that, at most 8192, for a
-   decoder narrower than transformer_small's, 8192 // beam with --engine ctranslate2; GNMT
-   length penalty 0.6, max length source + 50) in fp32, bf16 (where the CPU has native bf16)
-   and int8, and CTranslate2 with the kept settings per compute type (``length_penalty=0``:
-   it ends a sentence's search when its best hypothesis has finished, close to nmt's rule;
-   max length source + 50 per call).
+   decoder narrower than transformer_small's, and so with --engine ctranslate2 in int8, but
+   8192 // beam in its float32; GNMT length penalty 0.6, max length source + 50) in fp32,
+   bf16 (where the CPU has native bf16) and int8, and CTranslate2 with the kept settings per
+   compute type (``length_penalty=0``: it ends a sentence's search when its best hypothesis
+   has finished, close to nmt's rule; max length source + 50 per call).
 
 3. In the same rounds, ``nmt-generate --engine ctranslate2`` (the Translator with
    ``engine="ctranslate2"``: nmt's pipeline, the cached conversion, CTranslate2's kept

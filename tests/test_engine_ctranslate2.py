@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from nmt.cli.generate import main as generate_main
-from nmt.search.config import SearchConfig
+from nmt.search.config import BatchConfig, SearchConfig
 from nmt.search.translator import Translator
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed "
@@ -107,6 +107,21 @@ def test_beam_search_is_nmts_with_ctranslate2s_normalization(trained, monkeypatc
         lists += [h.ids for h in g.hypotheses] == [h.ids for h in r.hypotheses]
     assert cut < 0.1 * len(lines), cut
     assert lists >= 0.9 * (len(lines) - cut), lists
+
+
+def test_int8_takes_nmts_larger_default_batch_for_a_narrow_decoder(trained):
+    """CTranslate2's int8 gains from nmt's own engine's larger default batch for a narrow
+    decoder; its float32 keeps 8192 // beam; an explicit budget is kept either way."""
+    search = SearchConfig(beam=4)
+    tokens = {p: Translator.from_checkpoint(trained, search=search, engine="ctranslate2",
+                                            precision=p, threads=1).max_tokens
+              for p in ("fp32", "int8")}
+    own = Translator.from_checkpoint(trained, search=search).max_tokens
+    assert tokens == {"fp32": 2048, "int8": own} and own == 8192
+    given = Translator.from_checkpoint(trained, search=search, engine="ctranslate2",
+                                       precision="int8", threads=1,
+                                       batch=BatchConfig(max_tokens=1000))
+    assert (given.batch_size, given.max_tokens) == (None, 1000)
 
 
 def test_the_length_limit_and_min_len_are_nmts(trained):

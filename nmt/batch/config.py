@@ -92,9 +92,10 @@ class GenerateConfig:
                                 "by --max-tokens].")
     max_tokens: int | None = option(BatchConfig.max_tokens,
                                     "Source tokens (padding included) per batch [default: "
-                                    "8192 // beam when --batch-size is not given either; "
-                                    "with --engine nmt, up to 4x that (at most 8192) for a "
-                                    "decoder narrower than transformer_small's].")
+                                    "8192 // beam (at least 256) when --batch-size is not "
+                                    "given either; up to 4x that (at most 8192) for a "
+                                    "decoder narrower than transformer_small's, but with "
+                                    "--engine ctranslate2 in --precision int8 only].")
     max_source_len: int = option(
         BatchConfig.max_source_len, "Longer sources (in subwords) are truncated with a warning "
                                     "naming the line (also capped by the model's learned "
