@@ -19,10 +19,10 @@
 #                   as vocabulary, signatures for the others; transformer_small, dropout 0.3,
 #                   cosine learning-rate cycles of 750 updates after the warm-up,
 #                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
-#                   the test as an ensemble (alpha 1.0); 6,250 updates (about 95 minutes on 2
-#                   CPU threads at 1.09 updates/s, 2.3 h at 0.75). Test decoded with and without tree
-#                   constraints (README: "The treebank sample on a CPU"). WORK_DIR default
-#                   ./parsing_wsj_sample
+#                   the test as an ensemble (alpha 1.0); 6,250 updates (about 2.2 h on 2 CPU
+#                   threads at 0.79-0.86 updates/s, validations included). Test decoded
+#                   with and without tree constraints (README: "The treebank sample on a
+#                   CPU"). WORK_DIR default ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
 #   --train-sentences N  train on the first N training sentences only (a learning curve:
@@ -107,8 +107,8 @@ elif [ "$sample" = 1 ]; then
   # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
   # A fixed 6,250 updates (the end of the 7th cosine cycle below), not a time cap: the same
-  # model on every machine, fast or slow (a 105-minute cap ended runs after 4,750 to 6,900);
-  # about 95 minutes at 1.09 updates/s, longer on slower machines.
+  # model on every machine, fast or slow; about 2.2 h at 0.79-0.86 updates/s with the
+  # validations, longer on slower machines.
   # No validation before update 1000: an untrained model decodes every sentence to the length
   # limit (2-3 minutes per validation, for F1 near 0).
   # --lr-period 750: after the warm-up the learning rate runs in cosine cycles of 750 updates

@@ -157,11 +157,13 @@ class GenerateConfig:
     # --- parsing ---
     tree_constraints: bool | None = option(
         None, "Parsing: constrained decoding, every output a well-formed linearized tree "
-              "(brackets open before they close, with matching labels and a word each; one XX "
-              "per source word; room kept to close within the length limit). Default: on for a "
-              "parsing checkpoint (the task it records; one from before checkpoints recorded "
-              "it, recognized by its target dictionary: XX and only bracket symbols besides "
-              "the specials); --tree-constraints forces it on, e.g. with a joined dictionary.",
+              "(brackets open before they close, with matching labels and a word each; one XX, "
+              "or the word itself in lexicalized trees, per source word, in order; room kept "
+              "to close within the length limit). Default: on for a parsing checkpoint (the "
+              "task it records; one from before checkpoints recorded it is recognized by its "
+              "target dictionary: XX and only bracket symbols besides the specials, or no XX "
+              "and the brackets of at least 3 phrase labels besides words); "
+              "--tree-constraints forces it on.",
         negatable=True, show_default=False)
 
     def __post_init__(self) -> None:
