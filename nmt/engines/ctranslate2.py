@@ -301,8 +301,8 @@ class CTranslate2Translator(TranslatorBase):
         _check_precision(precision)
         # The default batch grows with a narrow decoder (BatchConfig.limits) in int8 only:
         # CTranslate2's int8 products quantize their inputs at every call and gain from more
-        # rows (transformer_tiny at beam 4: 1.8x faster at 8192 source tokens than at 2048),
-        # while its float32 has no per-operation cost to save (the same speed within 8%).
+        # rows (transformer_tiny at beam 4: 0.94x CTranslate2 called directly at 8192 source
+        # tokens, 0.48x at 2048; BENCHMARKS.md), while its float32 is fastest at 8192 // beam.
         self._set_limits(self._max_positions, cfg.decoder_width if precision == "int8" else None)
         self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
         self.device, self.device_index = _ct2_device(ct2, device)
