@@ -302,7 +302,8 @@ class CTranslate2Translator(TranslatorBase):
         # The default batch grows with a narrow decoder (BatchConfig.limits) in int8 only:
         # CTranslate2's int8 products quantize their inputs at every call and gain from more
         # rows (transformer_tiny at beam 4: 0.94x CTranslate2 called directly at 8192 source
-        # tokens, 0.48x at 2048; BENCHMARKS.md), while its float32 is fastest at 8192 // beam.
+        # tokens, 0.48x at 2048; BENCHMARKS.md), while its float32 gained nothing measurable
+        # from them (its tuning picked 2048 there).
         self._set_limits(self._max_positions, cfg.decoder_width if precision == "int8" else None)
         self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
         self.device, self.device_index = _ct2_device(ct2, device)

@@ -156,9 +156,9 @@ class BatchConfig:
     tokens (padding included) per batch; when neither is set, ``DEFAULT_SEARCH_TOKENS`` // beam
     source tokens (``limits``: default_source_tokens), so that a batch holds about as many
     decoder rows whatever the beam: enough to keep the per-step cost of small models low, few
-    enough to bound the memory of big ones (nmt's own engine passes its decoder's width:
-    one narrower than transformer_small's gets up to 4x the rows, at most 8192 source
-    tokens). Sources longer than ``max_source_len`` subwords are truncated (the model's
+    enough to bound the memory of big ones (nmt's own engine, and the CTranslate2 engine in
+    int8, pass their decoder's width: one narrower than transformer_small's gets up to 4x the
+    rows, at most 8192 source tokens). Sources longer than ``max_source_len`` subwords are truncated (the model's
     learned positions may lower that limit). The batching never changes the translations
     (but with --precision int8, whose activation scales are per batch)."""
 
