@@ -16,11 +16,15 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    ``CT2_USE_MKL=0``, its oneDNN/ruy backends instead of MKL) decoding with each batching
    (``max_batch_size`` 32 examples as its own benchmark, 64 examples, and nmt's default token
    budget for this model as ``batch_type="tokens"``, and 8192 // beam tokens where that
-   differs). The setting with the fastest pass is kept.
+   differs), each with ``inter_threads`` 1 (``intra_threads`` all of --threads) and, with 2
+   threads or more, 2 (two batches at once, each on half the threads: its setting for
+   throughput). The setting with the fastest pass is kept.
 2. Then ``--rounds`` rounds, in an order reversed every other round, of nmt at its defaults
    (Translator: batches of 8192 // beam source tokens, up to 4x that, at most 8192, for a
    decoder narrower than transformer_small's, and so with --engine ctranslate2 in int8, but
-   8192 // beam in its float32; GNMT length penalty 0.6, max length source + 50) in fp32,
+   8192 // beam in its float32; two batches at once, each on half the threads, for a decoder
+   no wider than transformer_small's, in both engines; GNMT length penalty 0.6, max length
+   source + 50) in fp32,
    bf16 (where the CPU has native bf16) and int8, and CTranslate2 with the kept settings per
    compute type (``length_penalty=0``: it ends a sentence's search when its best hypothesis
    has finished, close to nmt's rule; max length source + 50 per call).
@@ -74,7 +78,8 @@ def child(args) -> None:
         t0 = time.perf_counter()
         hyps = decode(lines)
         wall = time.perf_counter() - t0
-        results.append({"batching": batching or ["tokens", decode.max_tokens],
+        results.append({"batching": batching or ["tokens", decode.max_tokens,
+                                                 decode.parallel],
                         "wall": wall, "tokens": count()})
     Path(args.hyp).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(json.dumps({"results": results, "walls": [r["wall"] for r in results],
@@ -121,6 +126,7 @@ def _nmt(args):
         tokens["n"] = sum(len(r.hypotheses[0].ids) - 1 for r in results if r.hypotheses)
         return [r.text for r in results]
     decode.max_tokens = t.max_tokens        # the batch its defaults chose
+    decode.parallel = t._parallel()         # ... and how many batches at once
     return decode, lambda: tokens["n"]
 
 
@@ -129,11 +135,12 @@ def _ct2(args, batching):
     import sentencepiece as spm
 
     d = args.model_dir
+    batch_type, size, inter = batching
     tr = ctranslate2.Translator(d, device="cpu", compute_type=args.precision,
-                                intra_threads=args.threads, inter_threads=1)
+                                intra_threads=max(1, args.threads // inter),
+                                inter_threads=inter)
     src = spm.SentencePieceProcessor(model_file=f"{d}/source.spm")
     tgt = spm.SentencePieceProcessor(model_file=f"{d}/target.spm")
-    batch_type, size = batching
     tokens = {"n": 0}
     # --nmt-search: the search --engine ctranslate2 runs (nmt.engines.ctranslate2)
     recipe = args.nmt_search and args.beam > 1
@@ -189,6 +196,12 @@ def token_budgets(width: int, beam: int) -> list[int]:
     return sorted({ours, default_source_tokens(beam)}, key=lambda n: n != ours)
 
 
+def describe(batching: list, unit: str = "") -> str:
+    """"2048 tokens", "64 examples, 2 batches at once": a batching [type, size, at once]."""
+    kind, size, at_once = batching
+    return f"{size} {unit or kind}" + (f", {at_once} batches at once" if at_once > 1 else "")
+
+
 def tune_ct2(args, work: Path, dirs: dict, beams: list[int]) -> dict:
     """(compute type, beam) -> (environment, batching) of CTranslate2's fastest pass."""
     from nmt.checkpoint import load_checkpoint, model_config
@@ -197,8 +210,9 @@ def tune_ct2(args, work: Path, dirs: dict, beams: list[int]) -> dict:
     best = {}
     for ct in CT2_TYPES:
         for beam in beams:
-            batchings = [["examples", 32], ["examples", 64],
-                         *(["tokens", n] for n in token_budgets(width, beam))]
+            batchings = [[*b, inter] for inter in sorted({1, min(2, args.threads)})
+                         for b in (["examples", 32], ["examples", 64],
+                                   *(["tokens", n] for n in token_budgets(width, beam)))]
             tried = []
             for _ in range(args.tune_passes):       # each setting's fastest pass counts
                 for env_name in CT2_ENVS:
@@ -206,8 +220,8 @@ def tune_ct2(args, work: Path, dirs: dict, beams: list[int]) -> dict:
                     tried += [(r["wall"], env_name, r["batching"]) for r in row["results"]]
             wall, env_name, batching = min(tried, key=lambda x: x[0])
             best[(ct, beam)] = (env_name, batching)
-            print(f"CTranslate2 {ct} beam {beam}: fastest {env_name}, {batching[1]} "
-                  f"{batching[0]} ({wall:.2f} s; slowest {max(tried)[0]:.2f} s)",
+            print(f"CTranslate2 {ct} beam {beam}: fastest {env_name}, {describe(batching)} "
+                  f"({wall:.2f} s; slowest {max(tried)[0]:.2f} s)",
                   file=sys.stderr, flush=True)
     return best
 
@@ -254,10 +268,10 @@ def main(argv=None) -> int:
                             env_name, [batching] if batching else None)
             walls[c].append(row["results"][-1]["wall"])
             rows[c] = {**row, "tokens": row["results"][-1]["tokens"], "setting": (
-                f"{env_name}, {batching[1]} {batching[0]}"
+                f"{env_name}, {describe(batching)}"
                 + (", nmt's search" if engine == "ct2-search" else "")
                 if engine.startswith("ct2") else
-                f"defaults ({row['results'][-1]['batching'][1]} source tokens per batch)"
+                f"defaults ({describe(row['results'][-1]['batching'], 'source tokens per batch')})"
                 + (f", {env_name}" if engine == "nmt-ct2" else ""))}
     n = sum(1 for _ in open(args.input, encoding="utf-8"))
     report = {"command": "python benchmarks/bench_ct2.py " + " ".join(argv or sys.argv[1:]),

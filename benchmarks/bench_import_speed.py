@@ -26,8 +26,11 @@ outside the timing) to the same fixed length:
 - fp32 and int8: nmt ``--precision int8``, CTranslate2 ``compute_type="int8"`` (weights
   exported int8), transformers with torch's dynamic quantization of its nn.Linear layers
   (``torch.ao.quantization.quantize_dynamic``: int8 weights, activations quantized per call);
-- ``--threads`` intra-op threads everywhere (torch.set_num_threads, OMP_NUM_THREADS,
-  CTranslate2 intra_threads, inter_threads=1).
+- ``--threads`` threads everywhere (torch.set_num_threads, OMP_NUM_THREADS); CTranslate2
+  decodes two batches at once (``inter_threads`` 2, ``intra_threads`` threads // 2; with one
+  thread, 1 and 1), the setting benchmarks/bench_ct2.py's tuning picked for it in every
+  configuration on this project's 2-core machine, and so does ``--engine ctranslate2`` by
+  default; nmt's own engine at this width decodes one batch at a time (its default).
 
 Each engine runs in a child process of its own, its configurations in turns (a warm-up batch
 each, then one timed pass of all sentences); ``--rounds`` rounds, the engines' order reversed
@@ -244,8 +247,9 @@ def ct2_engine(paths: dict, precision: str, beam: int, length: int, threads: int
     import ctranslate2
 
     q = "float32" if precision == "fp32" else "int8"
+    inter = min(2, threads)         # two batches at once: its fastest in bench_ct2's tuning
     tr = ctranslate2.Translator(paths[f"ct2_{q}"], device="cpu", compute_type=q,
-                                intra_threads=threads, inter_threads=1)
+                                intra_threads=max(1, threads // inter), inter_threads=inter)
 
     def decode(sources):
         res = tr.translate_batch(sources, beam_size=beam, max_batch_size=BATCH,

@@ -7,7 +7,8 @@ Python.
     python benchmarks/profile_generate.py --quick          # random tiny model, seconds (tests)
 
 The input is translated as nmt-generate translates it (``Translator`` with its defaults: batches
-of 64 sentences sorted by length, GNMT alpha 0.6, max length source + 50): once after a
+sorted by length, GNMT alpha 0.6, max length source + 50), but one batch at a time
+(``--parallel-batches 1``, so that the profile is of each step's operations): once after a
 warm-up, timed with perf_counter, then once more under torch.profiler (CPU). The encoder (with
 the decoder's keys and values of its output, computed once per batch) and each decoder step
 are marked (``nmt::encoder``, ``nmt::decoder_step``); everything else inside the call (choosing
@@ -95,7 +96,9 @@ def measure(args: argparse.Namespace, ckpts: list, lines: list[str]) -> dict[str
     keep_freed_memory()                       # as nmt-generate runs (nmt.cli.console)
     torch.set_num_threads(args.threads)
     tr = Translator.from_checkpoint(ckpts, search=SearchConfig(beam=args.beam),
-                                    batch=BatchConfig(batch_size=args.batch_size),
+                                    # one batch at a time: each step's operations, on
+                                    # every thread, are what the profile shows
+                                    batch=BatchConfig(batch_size=args.batch_size, parallel=1),
                                     device="cpu", precision=args.precision)
     mark(tr.ensemble)
     translate(tr, lines[:16])                                # warm-up

@@ -95,11 +95,20 @@ class GenerateConfig:
                                     "8192 // beam (at least 256) when --batch-size is not "
                                     "given either; up to 4x that (at most 8192) for a "
                                     "decoder narrower than transformer_small's, but with "
-                                    "--engine ctranslate2 in --precision int8 only].")
+                                    "--engine ctranslate2 in --precision int8 only; 2048 "
+                                    "with --engine ctranslate2 decoding batches two at "
+                                    "once].")
     max_source_len: int = option(
         BatchConfig.max_source_len, "Longer sources (in subwords) are truncated with a warning "
                                     "naming the line (also capped by the model's learned "
                                     "positions).")
+    parallel_batches: int | None = option(
+        BatchConfig.parallel, "Batches decoded at once on a CPU, each on --threads // N "
+                              "threads (as CTranslate2's inter_threads) [default, with 2 or "
+                              "more threads: 2 for beam search with a decoder no wider than "
+                              "transformer_small's, and for --engine ctranslate2 (then in "
+                              "batches of 2048 source tokens); else 1].", metavar="N",
+        show_default=False)
     # --- input and output ---
     buffer_size: int = option(
         10000, "Translate at most this many lines at a time (memory holds one such chunk, "
@@ -241,7 +250,7 @@ class GenerateConfig:
     @property
     def batch(self) -> BatchConfig:
         return BatchConfig(batch_size=self.batch_size, max_tokens=self.max_tokens,
-                           max_source_len=self.max_source_len)
+                           max_source_len=self.max_source_len, parallel=self.parallel_batches)
 
 
 __all__ = ["GenerateConfig", "OUTPUT_FORMATS", "INPUT_FORMATS"]

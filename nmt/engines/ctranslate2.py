@@ -65,7 +65,8 @@ from typing import Any, Mapping, Sequence
 from nmt.config import ModelConfig
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import usable_cpus
-from nmt.search.config import BatchConfig, SearchConfig, length_limit
+from nmt.search.config import (PARALLEL_ENGINE_TOKENS, BatchConfig, SearchConfig, length_limit,
+                               parallel_batches)
 from nmt.search.pipeline import TranslatorBase
 from nmt.specials import EOS
 
@@ -299,22 +300,32 @@ class CTranslate2Translator(TranslatorBase):
         self._learned = cfg.positional == "learned"
         self._max_positions = cfg.max_positions if self._learned else None
         _check_precision(precision)
-        # The default batch grows with a narrow decoder (BatchConfig.limits) in int8 only:
-        # CTranslate2's int8 products quantize their inputs at every call and gain from more
-        # rows (transformer_tiny at beam 4: 0.94x CTranslate2 called directly at 8192 source
-        # tokens, 0.48x at 2048; BENCHMARKS.md), while its float32 gained nothing measurable
-        # from them (its tuning picked 2048 there).
+        # One batch at a time, the default batch grows with a narrow decoder
+        # (BatchConfig.limits) in int8 only: CTranslate2's int8 products quantize their inputs
+        # at every call and gained from more rows (transformer_tiny at beam 4: 0.94x
+        # CTranslate2 called directly at 8192 source tokens, 0.48x at 2048), while its float32
+        # gained nothing measurable from them. Two at once take PARALLEL_ENGINE_TOKENS below.
         self._set_limits(self._max_positions, cfg.decoder_width if precision == "int8" else None)
         self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
         self.device, self.device_index = _ct2_device(ct2, device)
         self.precision = precision
         self.compute_type = COMPUTE_TYPES[precision]
         self.threads = threads or usable_cpus()
+        # Batches decoded at once (BatchConfig.parallel): CTranslate2's inter_threads, each
+        # batch on threads // that many (its intra_threads); then smaller default batches
+        # (PARALLEL_ENGINE_TOKENS), as CTranslate2's own tuning picked with two at once
+        self.inter_threads = parallel_batches(self.batch.parallel, self.threads,
+                                              cfg.decoder_width, self.search.beam,
+                                              self.device == "cpu", engine="ctranslate2")
+        if (self.inter_threads > 1 and self.batch.batch_size is None
+                and self.batch.max_tokens is None):
+            self.max_tokens = PARALLEL_ENGINE_TOKENS
         try:
             self.model = ct2.Translator(str(self.model_dir), device=self.device,
                                         device_index=self.device_index,
-                                        compute_type=self.compute_type, inter_threads=1,
-                                        intra_threads=self.threads)
+                                        compute_type=self.compute_type,
+                                        inter_threads=self.inter_threads,
+                                        intra_threads=max(1, self.threads // self.inter_threads))
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"CTranslate2 cannot load {self.model_dir} on {self.device} as "
                            f"{self.compute_type}: {' '.join(str(e).split())}") from None
@@ -356,8 +367,12 @@ class CTranslate2Translator(TranslatorBase):
         return self._max_positions
 
     def describe(self) -> str:
+        at_once = f", {self.inter_threads} batches at once" if self.inter_threads > 1 else ""
         return (f"CTranslate2 {self.ct2_version} on {self.device}, {self.compute_type}, "
-                f"{self.threads} thread(s)")
+                f"{self.threads} thread(s){at_once}")
+
+    def _parallel(self) -> int:
+        return self.inter_threads
 
     def check_search(self, search: SearchConfig) -> None:
         refused = []

@@ -12,6 +12,8 @@ engine supplies ``_decode_batch`` (sources in, hypotheses out): nmt's own PyTorc
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, overload
 
@@ -202,9 +204,8 @@ class TranslatorBase:
         empty = [i for i in range(n) if arrays[i].size == 0]
         if progress is not None and empty:
             progress(len(empty))
-        for batch in self._batches(arrays):
-            hyps = self._decode_batch(batch, arrays, first_line, prefixes, constraints,
-                                      scores)
+        args = (arrays, first_line, prefixes, constraints, scores)
+        for batch, hyps in self._decoded(self._batches(arrays), args):
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
             if progress is not None:
@@ -246,6 +247,36 @@ class TranslatorBase:
     def _finish(self, results: list[Translation], arrays: list[np.ndarray]) -> None:
         """After every batch: what works on the whole results (nmt: --replace-unk)."""
 
+    def _parallel(self) -> int:
+        """Batches this engine decodes at once (BatchConfig.parallel resolved; 1: one at a
+        time, in the calling thread)."""
+        return 1
+
+    def _threads_shared(self, n: int) -> AbstractContextManager:
+        """While ``n`` batches decode at once: the engine's threads shared among them."""
+        return nullcontext()
+
+    def _decoded(self, batches: list[list[int]], args: tuple):
+        """(batch, its hypotheses) for every batch, in the order they finish: one at a time,
+        or ``_parallel()`` at once on as many threads (the batches then number at least that
+        many: the largest are halved until they do). Each batch is decoded whole by one
+        thread, so its translations do not depend on which thread or when."""
+        n = self._parallel()
+        if n > 1:
+            batches = split_for_threads(batches, n)
+        if n <= 1 or len(batches) <= 1:
+            for batch in batches:
+                yield batch, self._decode_batch(batch, *args)
+            return
+        with self._threads_shared(n), ThreadPoolExecutor(n, "nmt-batch") as pool:
+            futures = {pool.submit(self._decode_batch, b, *args): b for b in batches}
+            try:
+                for done in as_completed(futures):
+                    yield futures[done], done.result()
+            finally:
+                for f in futures:
+                    f.cancel()
+
     def _hypothesis(self, h) -> TranslationHypothesis:
         d = self.tgt_codec.dictionary
         return TranslationHypothesis(text=self.tgt_codec.decode(h.tokens), ids=h.tokens,
@@ -258,4 +289,17 @@ class TranslatorBase:
                              among=(i for i, a in enumerate(arrays) if a.size))
 
 
-__all__ = ["TranslatorBase", "Translation", "TranslationHypothesis"]
+def split_for_threads(batches: list[list[int]], n: int) -> list[list[int]]:
+    """At least ``n`` batches where the sentences allow: the largest batch is cut in two
+    (its first half first, keeping the longest-first order) until there are ``n``."""
+    batches = list(batches)
+    while len(batches) < n:
+        j = max(range(len(batches)), key=lambda i: len(batches[i]), default=None)
+        if j is None or len(batches[j]) < 2:
+            break
+        b = batches[j]
+        batches[j:j + 1] = [b[:len(b) // 2], b[len(b) // 2:]]
+    return batches
+
+
+__all__ = ["TranslatorBase", "Translation", "TranslationHypothesis", "split_for_threads"]

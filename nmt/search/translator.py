@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -32,7 +33,8 @@ import torch
 from nmt.errors import NmtError, UsageError
 from nmt.perf import keep_freed_memory
 from nmt.runtime import QUANTIZED_PRECISIONS, auto_precision, check_precision, resolve_device
-from nmt.search.config import DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig
+from nmt.search.config import (DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig,
+                               parallel_batches)
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
 from nmt.search.pipeline import Translation, TranslationHypothesis, TranslatorBase
@@ -189,6 +191,21 @@ class Translator(TranslatorBase):
             return sample(self.ensemble, src, self.search, self.sampling,
                           [first_line + i for i in batch], constraints=cons)
         return beam_search(self.ensemble, src, self.search, constraints=cons, scores=scores)
+
+    def _parallel(self) -> int:
+        return parallel_batches(self.batch.parallel, torch.get_num_threads(),
+                                self.ensemble.decoder_width, self.search.beam,
+                                self.device.type == "cpu")
+
+    @contextmanager
+    def _threads_shared(self, n: int):
+        # torch's thread count is the process's: each batch's operations run on its share
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, threads // n))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
     def _finish(self, results, arrays) -> None:
         if self.search.replace_unk:

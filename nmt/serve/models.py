@@ -98,7 +98,10 @@ class Models:
         from nmt.serve.batching import Batcher
 
         cfg = self.cfg
-        batch = BatchConfig(max_tokens=cfg.max_batch_tokens, max_source_len=cfg.max_sentence_tokens)
+        # one batch at a time: each model's batcher thread has all the threads (torch's count
+        # is the process's, which two models decoding at once would share)
+        batch = BatchConfig(max_tokens=cfg.max_batch_tokens, max_source_len=cfg.max_sentence_tokens,
+                            parallel=1)
         if cfg.engine == "ctranslate2":
             from nmt.engines.ctranslate2 import CTranslate2Translator
 
