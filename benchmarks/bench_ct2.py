@@ -22,11 +22,11 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
 2. Then ``--rounds`` rounds, in an order reversed every other round, of nmt at its defaults
    (Translator: batches of 8192 // beam source tokens, up to 4x that, at most 8192, for a
    decoder narrower than transformer_small's, and so with --engine ctranslate2 in int8, but
-   8192 // beam in its float32; two batches at once, each on half the threads, for a decoder
-   no wider than transformer_small's, in both engines; GNMT length penalty 0.6, max length
-   source + 50) in fp32,
-   bf16 (where the CPU has native bf16) and int8, and CTranslate2 with the kept settings per
-   compute type (``length_penalty=0``: it ends a sentence's search when its best hypothesis
+   8192 // beam in its float32; two batches at once, each on half the threads, for beam
+   search with a decoder no wider than transformer_small's, and always with --engine
+   ctranslate2, then in batches of 2048 source tokens; GNMT length penalty 0.6, max length
+   source + 50) in fp32, bf16 (where the CPU has native bf16) and int8, and CTranslate2 with
+   the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when its best hypothesis
    has finished, close to nmt's rule; max length source + 50 per call).
 
 3. In the same rounds, ``nmt-generate --engine ctranslate2`` (the Translator with
