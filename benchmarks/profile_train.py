@@ -77,7 +77,8 @@ OTHER = "other aten ops"
 # it, or the backward of the forward op, inherit.
 OWN = [
     (MATMUL, r"^aten::(addmm|mm|bmm|baddbmm|addbmm|_addmm_activation)$"
-             r"|^mkldnn::_linear_pointwise$"),     # nmt.models.packed's linear layers
+             r"|^mkldnn::_linear_pointwise$"       # nmt.models.packed's linear layers
+             r"|^quantized::linear_dynamic\w*$"),  # --precision int8's linear layers
     (GLUE, r"^aten::(linear|matmul)$"),
     (ATTENTION, r"(?i)scaled_?dot_?product|flash_?attention|efficient_?attention"
                 r"|^aten::_?softmax$|^aten::_softmax_backward_data$"),
@@ -265,7 +266,7 @@ def generic_category(name: str) -> str:
 
 
 def is_op(name: str) -> bool:
-    return name.startswith(("aten::", "mkldnn::"))
+    return name.startswith(("aten::", "mkldnn::", "quantized::"))
 
 
 class Attribution:

@@ -570,6 +570,67 @@ def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     assert (tmp_path / "text" / "valid.gold").is_file()
 
 
+def test_parsing_run_sh_seeds_and_rdrop_dry_run(tmp_path):
+    """--seeds 3 --rdrop-alpha 0.5 with --sample: R-Drop in every run's training; runs 2 and 3
+    (seeds 2, 3, their own checkpoint folders) after the single model's test, then the valid
+    and test splits decoded by the ensemble of the three runs' 5-best listings."""
+    import shlex
+    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
+    work = tmp_path / "w"
+    p = subprocess.run(["bash", script, "--dry-run", "--sample", "--seeds", "3",
+                        "--rdrop-alpha", "0.5", "/data/ptb-sample", str(work)],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cmds = commands(p.stdout)
+    assert len(cmds) == 9 + 2 + 6 and not work.exists()
+    train, seed2, seed3 = cmds[2], cmds[9], cmds[10]
+    assert "--rdrop-alpha 0.5" in train and "--seed" not in train
+    assert f"--save-dir {work}/checkpoints " in train
+    for k, c in ((2, seed2), (3, seed3)):
+        assert c.startswith("nmt-train ") and "--rdrop-alpha 0.5" in c
+        assert c.endswith(f"--seed {k} > {work}/results/checkpoint-seed{k}.txt")
+        assert f"--save-dir {work}/checkpoints-seed{k} " in c
+    listings = " ".join(f"$(cat {work}/checkpoints{s}/ensemble_best5.txt)"
+                        for s in ("", "-seed2", "-seed3"))
+    gen_valid, delin_valid, score_valid, gen_test, delin_test, score_test = cmds[11:]
+    assert gen_valid.startswith(f"nmt-generate {listings} --input {work}/text/valid.sig ")
+    assert "--beam 4 --lenpen 1.0" in gen_valid and "--beam 21 --lenpen 1.0" in gen_test
+    assert gen_test.startswith(f"nmt-generate {listings} --input {work}/text/test.sig ")
+    assert f"{work}/text/valid.words " in delin_valid and "--tags" in delin_valid
+    assert f"--ref {work}/text/test.gold" in score_test and "--metric bracket-f1" in score_valid
+    for c in cmds:
+        validate_command(shlex.split(c.split(" > ")[0]))
+    plain = subprocess.run(["bash", script, "--dry-run", "--sample", "/data/ptb-sample"],
+                           capture_output=True, text=True, env=ENV, timeout=60)
+    assert "--rdrop-alpha" not in plain.stdout and "seed" not in plain.stdout
+    for bad, word in ((["--seeds", "0"], "--seeds"), (["--rdrop-alpha", "x"], "--rdrop-alpha"),
+                      (["--rdrop-alpha", "1.2.3"], "--rdrop-alpha")):
+        b = subprocess.run(["bash", script, "--dry-run", "--sample", *bad, "/data/ptb-sample"],
+                           capture_output=True, text=True, env=ENV, timeout=60)
+        assert b.returncode == 2 and word in b.stderr and len(b.stderr.splitlines()) == 1
+
+
+def test_parsing_run_sh_tiny_seeds_end_to_end(tmp_path):
+    """The tiny chain with --seeds 2 --rdrop-alpha 1 for real: the second run trained with
+    seed 2, both runs' checkpoints decode the valid and test splits as one ensemble, one tree
+    per sentence, scored and printed after the single model's; a rerun skips every step."""
+    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
+    mini = str(FIXTURES.parent / "parsing" / "mini")
+    args = ["bash", script, "--tiny", "--seeds", "2", "--rdrop-alpha", "1", mini, str(tmp_path)]
+    p = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=240)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "results"
+    for split in ("valid", "test"):
+        assert fetch.count_lines(out / f"{split}.seeds2.trees") == 5
+        assert "bracket-F1" in (out / f"bracket_f1.{split}.seeds2.txt").read_text()
+    assert (tmp_path / "checkpoints-seed2" / "checkpoint_last.pt").is_file()
+    assert p.stdout.index("bracket-F1") < p.stdout.index("the ensemble of 2 runs")
+    assert "--seed 2" in (tmp_path / ".done" / "train_seed2").read_text()
+    assert "--rdrop-alpha 1" in (tmp_path / ".done" / "train").read_text()
+    again = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=120)
+    assert again.returncode == 0 and again.stderr.count("already complete, skipping") == 13
+
+
 @pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_parsing_learning_curve_from_train_sentences(tmp_path):
     script = str(EXAMPLES / "parsing_wsj" / "run.sh")

@@ -51,3 +51,17 @@ def test_profile_generate_needs_a_model(tmp_path):
                        timeout=60)
     assert r.returncode == 2 and "give CHECKPOINT(s) and --input" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_int8_products_count_as_matmul_kernels():
+    """--precision int8's linear layers run as quantized::linear_dynamic: counted as matrix
+    products, not as time outside the ops (Python)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import profile_train
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert profile_train.is_op("quantized::linear_dynamic")
+    assert profile_train.own_category("quantized::linear_dynamic") == profile_train.MATMUL
+    assert profile_train.own_category("quantized::linear_prepack") != profile_train.MATMUL
+    assert profile_train.generic_category("quantized::linear_prepack") == profile_train.OTHER

@@ -27,6 +27,14 @@
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
 #   --train-sentences N  train on the first N training sentences only (a learning curve:
 #                   one WORK_DIR per N; examples/parsing_wsj/learning_curve.py draws it)
+#   --rdrop-alpha A R-Drop (nmt-train --rdrop-alpha): each batch passed twice with different
+#                   dropout masks, A times the symmetric KL divergence of the two added to the
+#                   loss; the batch is the same, so an update takes about twice as long
+#                   (README: "R-Drop and seed ensembles")                   [0: off]
+#   --seeds N       after the single model's test, train N-1 more runs with seeds 2..N
+#                   (WORK/checkpoints-seedK) and decode the valid and test splits with the
+#                   ensemble of all N runs (each run's 5 best checkpoints with --sample, its
+#                   last otherwise), scored beside the single model, never instead    [1]
 #
 # Each step leaves WORK_DIR/.done/STEP, recording its command, when it finished: the next run
 # skips it if the command is the same (an interrupted run resumes where it stopped; training
@@ -41,6 +49,8 @@ prep_opts=()
 src=words
 max_update="${MAX_UPDATE:-}"
 train_sentences=""
+rdrop_alpha=0
+seeds=1
 dry_run=0
 tiny=0
 sample=0
@@ -53,17 +63,22 @@ while [ $# -gt 0 ]; do
     --tiny) tiny=1; shift ;;
     --sample) sample=1; shift ;;
     --train-sentences) train_sentences="${2:?--train-sentences needs a number}"; shift 2 ;;
+    --rdrop-alpha) rdrop_alpha="${2:?--rdrop-alpha needs a number}"; shift 2 ;;
+    --seeds) seeds="${2:?--seeds needs a number}"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     -*) echo "run.sh: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 
-for v in "$gpus" "${max_update:-1}" "${train_sentences:-1}"; do
+for v in "$gpus" "${max_update:-1}" "${train_sentences:-1}" "$seeds"; do
   case "$v" in
-    ''|*[!0-9]*|0*) echo "run.sh: error: --gpus, --max-update and --train-sentences take positive numbers" >&2; exit 2 ;;
+    ''|*[!0-9]*|0*) echo "run.sh: error: --gpus, --max-update, --train-sentences and --seeds take positive numbers" >&2; exit 2 ;;
   esac
 done
+case "$rdrop_alpha" in
+  ''|.|*[!0-9.]*|*.*.*) echo "run.sh: error: --rdrop-alpha takes a number >= 0, got '$rdrop_alpha'" >&2; exit 2 ;;
+esac
 if [ "$tiny" = 1 ] && [ "$sample" = 1 ]; then
   echo "run.sh: error: --tiny and --sample exclude each other" >&2; exit 2
 fi
@@ -139,6 +154,11 @@ else
   train_opts=(--max-tokens 3125 --update-freq "$update_freq" --save-interval-updates 1000
               --keep-last 5)
   gen_opts=()
+fi
+# R-Drop: alpha 0 (the default) leaves the training command as it was (a finished WORK_DIR
+# stays finished); another alpha is another model, so training and what follows run again.
+if awk -v a="$rdrop_alpha" 'BEGIN { exit !(a + 0 > 0) }'; then
+  train_opts+=(--rdrop-alpha "$rdrop_alpha")
 fi
 if [ "$dry_run" = 0 ] && [ ! -e "$treebank" ]; then
   echo "run.sh: error: $treebank: no such file or folder" >&2; exit 1
@@ -249,24 +269,36 @@ step preprocess "${preprocess[@]}" -s "$src" -t lin --trainpref "$data/train" \
 #    --sample: transformer_small; the test is decoded by the ensemble of the 5 best checkpoints
 #    by validation bracket F1, which nmt-train lists in WORK/checkpoints/ensemble_best5.txt
 #    (README: an ensemble of checkpoints scored 2.8 F1 above their average on validation).
-if [ "$sample" = 1 ]; then
-  step train --stdout "$out/checkpoint.txt" "${train[@]}" "$bin" --arch "$arch" \
-    "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
-    --save-dir "$ckpt" "${train_opts[@]}"
-  listing="$ckpt/ensemble_best5.txt"
-  if [ "$dry_run" = 1 ]; then
-    models=("\$(cat $(printf %q "$listing"))")     # printed as is
-    echo "# the checkpoints are those nmt-train listed in $listing"
-  else
-    [ -s "$listing" ] || { echo "run.sh: error: nmt-train wrote no $listing" >&2; exit 1; }
-    mapfile -t models < "$listing"
+# train_run K: train run K (seed K; run 1 is nmt-train's default seed 1, in WORK/checkpoints,
+# as before --seeds existed; run K > 1 in WORK/checkpoints-seedK) and set run_models to the
+# checkpoints that decode for it.
+train_run() {
+  local k="$1" dir="$ckpt" name=train suffix="" seed_opts=()
+  if [ "$k" != 1 ]; then
+    dir="$ckpt-seed$k"; name="train_seed$k"; suffix="-seed$k"; seed_opts=(--seed "$k")
   fi
-else
-  step train "${train[@]}" "$bin" --arch "$arch" \
-    "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
-    --save-dir "$ckpt" "${train_opts[@]}"
-  models=("$ckpt/checkpoint_last.pt")
-fi
+  if [ "$sample" = 1 ]; then
+    step "$name" --stdout "$out/checkpoint$suffix.txt" "${train[@]}" "$bin" --arch "$arch" \
+      "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
+      --save-dir "$dir" "${train_opts[@]}" ${seed_opts[@]+"${seed_opts[@]}"}
+    local listing="$dir/ensemble_best5.txt"
+    if [ "$dry_run" = 1 ]; then
+      run_models=("\$(cat $(printf %q "$listing"))")     # printed as is
+      echo "# the checkpoints are those nmt-train listed in $listing"
+    else
+      [ -s "$listing" ] || { echo "run.sh: error: nmt-train wrote no $listing" >&2; exit 1; }
+      mapfile -t run_models < "$listing"
+    fi
+  else
+    step "$name" "${train[@]}" "$bin" --arch "$arch" \
+      "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
+      --save-dir "$dir" "${train_opts[@]}" ${seed_opts[@]+"${seed_opts[@]}"}
+    run_models=("$dir/checkpoint_last.pt")
+  fi
+}
+run_models=()
+train_run 1
+models=("${run_models[@]}")
 
 # 4. Beam 21, alpha 0.3 (--sample: 1.0), max length input + 300 on the test split (section 23),
 #    under tree constraints (nmt-generate's default for a parsing checkpoint).
@@ -293,6 +325,28 @@ if [ "$sample" = 1 ]; then
     --hyp "$out/test.free.trees" --metric bracket-f1
 fi
 
+# 7. --seeds N: runs 2..N, then the ensemble of all N runs on the valid split (beam 4 and
+#    the validation's length limits, as nmt-train validates) and on the test split (as step
+#    4), each scored by EVALB: a second result beside the single model's.
+if [ "$seeds" -gt 1 ]; then
+  ensemble=("${models[@]}")
+  for k in $(seq 2 "$seeds"); do
+    train_run "$k"
+    ensemble+=("${run_models[@]}")
+  done
+  for split in valid test; do
+    if [ "$split" = valid ]; then beam=4; else beam=21; fi
+    step "generate_seeds_$split" "${generate[@]}" "${ensemble[@]}" --input "$data/$split.$src" \
+      --output "$out/$split.seeds$seeds.lin" --beam "$beam" --lenpen "$lenpen" --max-len-a 1 \
+      --max-len-b 300 ${gen_opts[@]+"${gen_opts[@]}"}
+    step "delinearize_seeds_$split" --stdout "$out/$split.seeds$seeds.trees" \
+      --stderr "$out/repairs.$split.seeds$seeds.txt" python3 "$here/delinearize.py" \
+      "$data/$split.words" "$out/$split.seeds$seeds.lin" --tags "$data/$split.tags"
+    step "score_seeds_$split" --stdout "$out/bracket_f1.$split.seeds$seeds.txt" "${score[@]}" \
+      --ref "$data/$split.gold" --hyp "$out/$split.seeds$seeds.trees" --metric bracket-f1
+  done
+fi
+
 if [ "$dry_run" = 0 ]; then
   if [ "$sample" = 1 ]; then
     for run in "" .free; do
@@ -303,5 +357,11 @@ if [ "$dry_run" = 0 ]; then
     done
   else
     cat "$out/bracket_f1.txt"
+  fi
+  if [ "$seeds" -gt 1 ]; then
+    for split in valid test; do
+      echo "the ensemble of $seeds runs (seeds 1-$seeds), $split split, with tree constraints, ${ensemble[*]}:"
+      cat "$out/bracket_f1.$split.seeds$seeds.txt"
+    done
   fi
 fi

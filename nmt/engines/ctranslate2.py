@@ -65,8 +65,8 @@ from typing import Any, Mapping, Sequence
 from nmt.config import ModelConfig
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import usable_cpus
-from nmt.search.config import (PARALLEL_ENGINE_TOKENS, BatchConfig, SearchConfig, length_limit,
-                               parallel_batches)
+from nmt.search.config import (BatchConfig, SearchConfig, length_limit, parallel_batches,
+                               parallel_engine_tokens)
 from nmt.search.pipeline import TranslatorBase
 from nmt.specials import EOS
 
@@ -304,7 +304,7 @@ class CTranslate2Translator(TranslatorBase):
         # (BatchConfig.limits) in int8 only: CTranslate2's int8 products quantize their inputs
         # at every call and gained from more rows (transformer_tiny at beam 4: 0.94x
         # CTranslate2 called directly at 8192 source tokens, 0.48x at 2048), while its float32
-        # gained nothing measurable from them. Two at once take PARALLEL_ENGINE_TOKENS below.
+        # gained nothing measurable from them. Two at once take parallel_engine_tokens below.
         self._set_limits(self._max_positions, cfg.decoder_width if precision == "int8" else None)
         self.max_source_len = min(self.max_source_len, export["decoding"]["max_source_len"])
         self.device, self.device_index = _ct2_device(ct2, device)
@@ -313,13 +313,13 @@ class CTranslate2Translator(TranslatorBase):
         self.threads = threads or usable_cpus()
         # Batches decoded at once (BatchConfig.parallel): CTranslate2's inter_threads, each
         # batch on threads // that many (its intra_threads); then smaller default batches
-        # (PARALLEL_ENGINE_TOKENS), as CTranslate2's own tuning picked with two at once
+        # (parallel_engine_tokens), as CTranslate2's own tuning picked with two at once
         self.inter_threads = parallel_batches(self.batch.parallel, self.threads,
                                               cfg.decoder_width, self.search.beam,
                                               self.device == "cpu", engine="ctranslate2")
         if (self.inter_threads > 1 and self.batch.batch_size is None
                 and self.batch.max_tokens is None):
-            self.max_tokens = PARALLEL_ENGINE_TOKENS
+            self.max_tokens = parallel_engine_tokens(self.search.beam, precision)
         try:
             self.model = ct2.Translator(str(self.model_dir), device=self.device,
                                         device_index=self.device_index,
