@@ -130,6 +130,22 @@ def test_the_engine_passes_inter_threads_to_ctranslate2(ckpt, tmp_path):
     assert (auto.inter_threads, auto.max_tokens) == (2, 2048)    # two at once, smaller
 
 
+def test_the_engines_default_batch_with_two_at_once():
+    """--engine ctranslate2, two at once: 2048 source tokens in float32 at any beam; in int8
+    2048 // beam, from 256 up to 1024, up to 2048 for a decoder narrower than
+    transformer_small's (3 x 256)."""
+    from nmt.search.config import parallel_engine_tokens
+
+    small, tiny = 3 * 256, 2 * 64
+    assert {b: parallel_engine_tokens(b, "fp32", small) for b in (1, 4, 12)} == {
+        1: 2048, 4: 2048, 12: 2048}
+    assert {b: parallel_engine_tokens(b, "int8", small) for b in (1, 2, 4, 5, 8, 12)} == {
+        1: 1024, 2: 1024, 4: 512, 5: 409, 8: 256, 12: 256}
+    assert {b: parallel_engine_tokens(b, "int8", tiny) for b in (1, 2, 4, 12)} == {
+        1: 2048, 2: 1024, 4: 512, 12: 256}
+    assert parallel_engine_tokens(1, "int8") == 1024          # width unknown: not narrow
+
+
 @pytest.mark.parametrize("kind", ["int8", "ensemble", "sampling", "constraints"])
 def test_two_at_once_for_int8_ensembles_and_sampling(ckpt, tmp_path, two_threads, kind):
     """Each batch whole on one thread: int8 (its scales are per batch, and the batches are the

@@ -29,7 +29,7 @@
 #                   one WORK_DIR per N; examples/parsing_wsj/learning_curve.py draws it)
 #   --rdrop-alpha A R-Drop (nmt-train --rdrop-alpha): each batch passed twice with different
 #                   dropout masks, A times the symmetric KL divergence of the two added to the
-#                   loss; the batch is the same, so an update takes about twice as long
+#                   loss; the batch is the same, so an update does twice the model's work
 #                   (README: "R-Drop and seed ensembles")                   [0: off]
 #   --seeds N       after the single model's test, train N-1 more runs with seeds 2..N
 #                   (WORK/checkpoints-seedK) and decode the valid and test splits with the

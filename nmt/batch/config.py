@@ -107,8 +107,8 @@ class GenerateConfig:
                               "threads (as CTranslate2's inter_threads) [default, with 2 or "
                               "more threads: 2 for beam search with a decoder no wider than "
                               "transformer_small's, and for --engine ctranslate2 (then in "
-                              "batches of 2048 source tokens; in int8 2048 // beam, at most "
-                              "1024); else 1].", metavar="N",
+                              "batches of 2048 source tokens; in int8 2048 // beam, 256 to "
+                              "1024, or 2048 for a narrower decoder); else 1].", metavar="N",
         show_default=False)
     # --- input and output ---
     buffer_size: int = option(

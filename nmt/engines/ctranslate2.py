@@ -319,7 +319,8 @@ class CTranslate2Translator(TranslatorBase):
                                               self.device == "cpu", engine="ctranslate2")
         if (self.inter_threads > 1 and self.batch.batch_size is None
                 and self.batch.max_tokens is None):
-            self.max_tokens = parallel_engine_tokens(self.search.beam, precision)
+            self.max_tokens = parallel_engine_tokens(self.search.beam, precision,
+                                                     cfg.decoder_width)
         try:
             self.model = ct2.Translator(str(self.model_dir), device=self.device,
                                         device_index=self.device_index,
