@@ -24,7 +24,8 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    decoder narrower than transformer_small's, and so with --engine ctranslate2 in int8, but
    8192 // beam in its float32; two batches at once, each on half the threads, for beam
    search with a decoder no wider than transformer_small's, and always with --engine
-   ctranslate2, then in batches of 2048 source tokens; GNMT length penalty 0.6, max length
+   ctranslate2, then in batches of 2048 source tokens, in int8 of 2048 // beam
+   (nmt.search.config.parallel_engine_tokens); GNMT length penalty 0.6, max length
    source + 50) in fp32, bf16 (where the CPU has native bf16) and int8, and CTranslate2 with
    the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when its best hypothesis
    has finished, close to nmt's rule; max length source + 50 per call).

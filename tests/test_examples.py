@@ -629,6 +629,15 @@ def test_parsing_run_sh_tiny_seeds_end_to_end(tmp_path):
     assert "--rdrop-alpha 1" in (tmp_path / ".done" / "train").read_text()
     again = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=120)
     assert again.returncode == 0 and again.stderr.count("already complete, skipping") == 13
+    # nmt-train would resume the alpha-1 model: another alpha in this folder is refused
+    for other in (["--rdrop-alpha", "0.5"], []):
+        bad = subprocess.run(["bash", script, "--tiny", *other, mini, str(tmp_path)],
+                             capture_output=True, text=True, env=ENV, timeout=60)
+        assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+        assert "trained with --rdrop-alpha 1, not" in bad.stderr
+    same = subprocess.run(["bash", script, "--tiny", "--rdrop-alpha", "1.0", "--dry-run", mini,
+                           str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=60)
+    assert same.returncode == 0, same.stderr
 
 
 @pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)

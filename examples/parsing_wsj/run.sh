@@ -156,7 +156,7 @@ else
   gen_opts=()
 fi
 # R-Drop: alpha 0 (the default) leaves the training command as it was (a finished WORK_DIR
-# stays finished); another alpha is another model, so training and what follows run again.
+# stays finished); another alpha is another model, in another WORK_DIR (checked below).
 if awk -v a="$rdrop_alpha" 'BEGIN { exit !(a + 0 > 0) }'; then
   train_opts+=(--rdrop-alpha "$rdrop_alpha")
 fi
@@ -231,7 +231,7 @@ else
   torchrun_opts=()
 fi
 if [ "$gpus" -gt 1 ]; then
-  train=(torchrun --standalone --nproc_per_node "$gpus" "${torchrun_opts[@]}" "${train[@]: -1}")
+  train=(torchrun --standalone --nproc_per_node "$gpus" ${torchrun_opts[@]+"${torchrun_opts[@]}"} "${train[@]: -1}")
 fi
 
 [ "$dry_run" = 1 ] || mkdir -p "$work" "$out"
@@ -247,6 +247,18 @@ if [ -e "$work/.done/prepare" ] || [ -s "$work/.train-sentences" ]; then
   made=all; [ -s "$work/.train-sentences" ] && made="$(cat "$work/.train-sentences")"
   if [ "$made" != "$size" ]; then
     echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
+    exit 2
+  fi
+fi
+
+# A work dir holds one R-Drop alpha as well: nmt-train resumes from checkpoint_last.pt, so
+# another alpha would continue (or, finished, keep) the model trained with the first one;
+# refused (dry runs too). The alpha file is written before training starts; a folder
+# trained before this option existed has none: alpha 0.
+if [ -e "$work/.done/train" ] || [ -e "$ckpt/checkpoint_last.pt" ] || [ -s "$work/.rdrop-alpha" ]; then
+  made=0; [ -s "$work/.rdrop-alpha" ] && made="$(cat "$work/.rdrop-alpha")"
+  if ! awk -v a="$made" -v b="$rdrop_alpha" 'BEGIN { exit !(a + 0 == b + 0) }'; then
+    echo "run.sh: error: $work was trained with --rdrop-alpha $made, not $rdrop_alpha; give another WORK_DIR" >&2
     exit 2
   fi
 fi
@@ -297,6 +309,9 @@ train_run() {
   fi
 }
 run_models=()
+if [ "$dry_run" != 1 ] && [ ! -s "$work/.rdrop-alpha" ]; then
+  echo "$rdrop_alpha" > "$work/.rdrop-alpha.tmp" && mv "$work/.rdrop-alpha.tmp" "$work/.rdrop-alpha"
+fi
 train_run 1
 models=("${run_models[@]}")
 
@@ -304,7 +319,7 @@ models=("${run_models[@]}")
 #    under tree constraints (nmt-generate's default for a parsing checkpoint).
 step generate "${generate[@]}" "${models[@]}" --input "$data/test.$src" \
   --output "$out/test.lin" --beam 21 --lenpen "$lenpen" --max-len-a 1 --max-len-b 300 \
-  "${gen_opts[@]}"
+  ${gen_opts[@]+"${gen_opts[@]}"}
 
 # 5. Back to trees over the input words (ill-formed output repaired, the repairs counted in
 #    WORK/results/repairs.txt), then EVALB F1.
@@ -317,7 +332,7 @@ step score --stdout "$out/bracket_f1.txt" "${score[@]}" --ref "$data/test.gold" 
 if [ "$sample" = 1 ]; then
   step generate_free "${generate[@]}" "${models[@]}" --input "$data/test.$src" \
     --output "$out/test.free.lin" --beam 21 --lenpen "$lenpen" --max-len-a 1 --max-len-b 300 \
-    --no-tree-constraints "${gen_opts[@]}"
+    --no-tree-constraints ${gen_opts[@]+"${gen_opts[@]}"}
   step delinearize_free --stdout "$out/test.free.trees" --stderr "$out/repairs.free.txt" \
     python3 "$here/delinearize.py" "$data/test.words" "$out/test.free.lin" \
     --tags "$data/test.tags"

@@ -97,7 +97,8 @@ class GenerateConfig:
                                     "decoder narrower than transformer_small's, but with "
                                     "--engine ctranslate2 in --precision int8 only; 2048 "
                                     "with --engine ctranslate2 decoding batches two at "
-                                    "once].")
+                                    "once (in int8 2048 // beam, 256 to 1024, up to 2048 "
+                                    "for a narrower decoder)].")
     max_source_len: int = option(
         BatchConfig.max_source_len, "Longer sources (in subwords) are truncated with a warning "
                                     "naming the line (also capped by the model's learned "
@@ -108,7 +109,8 @@ class GenerateConfig:
                               "more threads: 2 for beam search with a decoder no wider than "
                               "transformer_small's, and for --engine ctranslate2 (then in "
                               "batches of 2048 source tokens; in int8 2048 // beam, 256 to "
-                              "1024, or 2048 for a narrower decoder); else 1].", metavar="N",
+                              "1024, up to 2048 for a narrower decoder); else 1].",
+        metavar="N",
         show_default=False)
     # --- input and output ---
     buffer_size: int = option(

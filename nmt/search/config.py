@@ -207,14 +207,14 @@ PARALLEL_ENGINE_TOKENS = 2048
 def parallel_engine_tokens(beam: int, precision: str, width: int | None = None) -> int:
     """The CTranslate2 engine's default source tokens per batch with two or more at once:
     PARALLEL_ENGINE_TOKENS; in int8, PARALLEL_ENGINE_TOKENS // ``beam`` (as many decoder
-    rows at every beam), at least 256 and at most 1024, or PARALLEL_ENGINE_TOKENS for a
-    decoder (``width`` = layers x d_model) narrower than transformer_small's. CTranslate2's
-    int8 ran as fast or faster in smaller batches, with less memory (two at once, 2 threads
-    of an AMD EPYC; peak RSS of the whole process): at beam 4, transformer_small 1.05x as
-    fast at 512 source tokens as at 2048, 163 MB against 359, and a base-size model 1.11x,
-    302 MB against 556; greedy, transformer_small 0.97x at 1024, 129 MB against 167, where
-    transformer_tiny (93 MB at 2048) ran 0.96x. Its float32 ran 7% slower at 512 at beam 4
-    on transformer_small."""
+    rows at every beam), at least 256 and at most 1024, or at most PARALLEL_ENGINE_TOKENS
+    for a decoder (``width`` = layers x d_model) narrower than transformer_small's.
+    CTranslate2's int8 ran faster in smaller batches at beam 4 and nearly as fast greedy,
+    with less memory (two at once, 2 threads of an AMD EPYC; peak RSS of the whole process):
+    at beam 4, transformer_small 1.05x as fast at 512 source tokens as at 2048, 163 MB
+    against 359, and a base-size model 1.11x, 302 MB against 556; greedy, transformer_small
+    0.97x at 1024, 129 MB against 167, where transformer_tiny (93 MB at 2048) ran 0.96x.
+    Its float32 ran 7% slower at 512 at beam 4 on transformer_small."""
     if precision != "int8":
         return PARALLEL_ENGINE_TOKENS
     narrow = width is not None and width < DEFAULT_BATCH_WIDTH
