@@ -27,8 +27,8 @@ detokenization (sentencepiece) are inside the timed pass for both engines.
    ctranslate2, then in batches of 2048 source tokens, in int8 of 2048 // beam
    (nmt.search.config.parallel_engine_tokens); GNMT length penalty 0.6, max length
    source + 50) in fp32, bf16 (where the CPU has native bf16) and int8, and CTranslate2 with
-   the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when its best hypothesis
-   has finished, close to nmt's rule; max length source + 50 per call).
+   the kept settings per compute type (``length_penalty=0``: it ends a sentence's search when
+   its best hypothesis has finished, close to nmt's rule; max length source + 50 per call).
 
 3. In the same rounds, ``nmt-generate --engine ctranslate2`` (the Translator with
    ``engine="ctranslate2"``: nmt's pipeline, the cached conversion, CTranslate2's kept

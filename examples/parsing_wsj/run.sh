@@ -285,27 +285,25 @@ step preprocess "${preprocess[@]}" -s "$src" -t lin --trainpref "$data/train" \
 # as before --seeds existed; run K > 1 in WORK/checkpoints-seedK) and set run_models to the
 # checkpoints that decode for it.
 train_run() {
-  local k="$1" dir="$ckpt" name=train suffix="" seed_opts=()
+  local k="$1" dir="$ckpt" name=train suffix="" seed_opts=() stdout_opts=()
   if [ "$k" != 1 ]; then
     dir="$ckpt-seed$k"; name="train_seed$k"; suffix="-seed$k"; seed_opts=(--seed "$k")
   fi
-  if [ "$sample" = 1 ]; then
-    step "$name" --stdout "$out/checkpoint$suffix.txt" "${train[@]}" "$bin" --arch "$arch" \
-      "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
-      --save-dir "$dir" "${train_opts[@]}" ${seed_opts[@]+"${seed_opts[@]}"}
-    local listing="$dir/ensemble_best5.txt"
-    if [ "$dry_run" = 1 ]; then
-      run_models=("\$(cat $(printf %q "$listing"))")     # printed as is
-      echo "# the checkpoints are those nmt-train listed in $listing"
-    else
-      [ -s "$listing" ] || { echo "run.sh: error: nmt-train wrote no $listing" >&2; exit 1; }
-      mapfile -t run_models < "$listing"
-    fi
-  else
-    step "$name" "${train[@]}" "$bin" --arch "$arch" \
-      "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
-      --save-dir "$dir" "${train_opts[@]}" ${seed_opts[@]+"${seed_opts[@]}"}
+  if [ "$sample" = 1 ]; then stdout_opts=(--stdout "$out/checkpoint$suffix.txt"); fi
+  step "$name" ${stdout_opts[@]+"${stdout_opts[@]}"} "${train[@]}" "$bin" --arch "$arch" \
+    "${model_opts[@]}" --warmup "$warmup" --max-update "$max_update" \
+    --save-dir "$dir" "${train_opts[@]}" ${seed_opts[@]+"${seed_opts[@]}"}
+  if [ "$sample" != 1 ]; then
     run_models=("$dir/checkpoint_last.pt")
+    return
+  fi
+  local listing="$dir/ensemble_best5.txt"
+  if [ "$dry_run" = 1 ]; then
+    run_models=("\$(cat $(printf %q "$listing"))")     # printed as is
+    echo "# the checkpoints are those nmt-train listed in $listing"
+  else
+    [ -s "$listing" ] || { echo "run.sh: error: nmt-train wrote no $listing" >&2; exit 1; }
+    mapfile -t run_models < "$listing"
   fi
 }
 run_models=()

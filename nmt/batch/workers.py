@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 from nmt.batch.config import GenerateConfig
 from nmt.errors import NmtError
+from nmt.search.config import thread_share
 
 log = logging.getLogger("nmt.generate")
 
@@ -222,9 +223,7 @@ def _read_ahead(chunks: Iterator, size: int) -> "queue.Queue":
 
 def worker_threads(threads: int | None, workers: int) -> int:
     """Each worker's share of --threads (default: this machine's cores), at least 1."""
-    import os
-
-    return max(1, (threads or os.cpu_count() or 1) // workers)
+    return thread_share(threads or os.cpu_count() or 1, workers)
 
 
 __all__ = ["WorkerPool", "WorkerSpec", "worker_threads"]

@@ -66,7 +66,7 @@ from nmt.config import ModelConfig
 from nmt.errors import NmtError, UsageError
 from nmt.runtime import usable_cpus
 from nmt.search.config import (BatchConfig, SearchConfig, length_limit, parallel_batches,
-                               parallel_engine_tokens)
+                               parallel_engine_tokens, thread_share)
 from nmt.search.pipeline import TranslatorBase
 from nmt.specials import EOS
 
@@ -326,7 +326,8 @@ class CTranslate2Translator(TranslatorBase):
                                         device_index=self.device_index,
                                         compute_type=self.compute_type,
                                         inter_threads=self.inter_threads,
-                                        intra_threads=max(1, self.threads // self.inter_threads))
+                                        intra_threads=thread_share(self.threads,
+                                                                   self.inter_threads))
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"CTranslate2 cannot load {self.model_dir} on {self.device} as "
                            f"{self.compute_type}: {' '.join(str(e).split())}") from None

@@ -222,10 +222,16 @@ def parallel_engine_tokens(beam: int, precision: str, width: int | None = None) 
     return min(most, max(256, PARALLEL_ENGINE_TOKENS // max(beam, 1)))
 
 
+def thread_share(threads: int, n: int) -> int:
+    """Each of ``n`` parts sharing ``threads`` (batches decoded at once, worker processes)
+    gets ``threads // n`` of them, at least one."""
+    return max(1, threads // n)
+
+
 def parallel_batches(requested: int | None, threads: int, width: int | None, beam: int,
                      on_cpu: bool = True, engine: str = "nmt") -> int:
     """How many batches to decode at once with ``threads`` CPU threads in all (each batch gets
-    ``threads // n``). ``requested`` None (auto): 2 on a CPU with at least 2 threads for
+    thread_share). ``requested`` None (auto): 2 on a CPU with at least 2 threads for
     ``engine`` "ctranslate2", and for nmt's own engine at ``beam`` > 1 with a decoder of known
     ``width`` (layers x d_model) up to PARALLEL_BATCH_WIDTH; else 1. A number is kept, capped
     by the threads (on a GPU: 1)."""
@@ -258,4 +264,4 @@ class SamplingConfig:
 
 __all__ = ["SearchConfig", "BatchConfig", "length_limit", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS",
            "default_source_tokens", "parallel_batches", "PARALLEL_BATCH_WIDTH",
-           "PARALLEL_ENGINE_TOKENS", "parallel_engine_tokens"]
+           "PARALLEL_ENGINE_TOKENS", "parallel_engine_tokens", "thread_share"]

@@ -34,7 +34,7 @@ from nmt.errors import NmtError, UsageError
 from nmt.perf import keep_freed_memory
 from nmt.runtime import QUANTIZED_PRECISIONS, auto_precision, check_precision, resolve_device
 from nmt.search.config import (DEFAULT_SEARCH_TOKENS, BatchConfig, SamplingConfig, SearchConfig,
-                               parallel_batches)
+                               parallel_batches, thread_share)
 from nmt.search.ensemble import EnsembleModel
 from nmt.search.generator import EOS, PAD, beam_search
 from nmt.search.pipeline import Translation, TranslationHypothesis, TranslatorBase
@@ -201,7 +201,7 @@ class Translator(TranslatorBase):
     def _threads_shared(self, n: int):
         # torch's thread count is the process's: each batch's operations run on its share
         threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, threads // n))
+        torch.set_num_threads(thread_share(threads, n))
         try:
             yield
         finally:
