@@ -293,6 +293,88 @@ def test_multi30k_tiny_end_to_end(tmp_path):
              and "test_2016_flickr.en" in line)
 
 
+def test_multi30k_other_test_sets_are_decoded_once_each_with_the_tuned_pair(tmp_path):
+    p = run_example("multi30k/run.py", "--tiny", "--test-sets", "test_2016_flickr,heldout",
+                    "--work-dir", tmp_path)
+    results = tmp_path / "results-tiny"
+    assert fetch.count_lines(results / "test_2016_flickr.hyp.de") == 15
+    assert fetch.count_lines(results / "heldout.hyp.de") == 10
+    for name in ("scores.txt", "scores-multi-bleu.txt", "scores.heldout.txt",
+                 "scores-multi-bleu.heldout.txt"):
+        assert (results / name).stat().st_size > 0
+    # each set's scores printed under its name, in the order given
+    assert p.stdout.index("test_2016_flickr:") < p.stdout.index("heldout:")
+    assert p.stdout.count("BLEU|nrefs:1") == 2 and p.stdout.count("multi-BLEU|") == 2
+    best = json.loads((results / "tuning.json").read_text())["best"]
+    decodes = [line for line in p.stderr.splitlines() if " nmt-generate " in line
+               and "results-tiny/val." not in line]
+    assert len(decodes) == 2 and "heldout.en" in decodes[1]
+    assert all(f"--beam {best['beam']} --lenpen {best['alpha']}" in d for d in decodes)
+    # adding a set to a finished folder decodes only that set
+    again = run_example("multi30k/run.py", "--tiny", "--test-sets", "heldout,test_2016_flickr",
+                        "--work-dir", tmp_path)
+    assert "$ nmt-" not in again.stderr
+    assert again.stdout.index("heldout:") < again.stdout.index("test_2016_flickr:")
+
+
+@pytest.mark.parametrize("value,message", [
+    ("val", "val is not a test set"),
+    ("test_2016_flickr,train", "train is not a test set"),
+    ("../secret", "is not a file name stem"),
+    (",", "needs at least one name"),
+])
+def test_multi30k_test_sets_refuses_what_is_not_a_test_set(tmp_path, value, message):
+    p = run_example("multi30k/run.py", "--dry-run", "--test-sets", value, "--work-dir",
+                    tmp_path, check=False)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert message in p.stderr.strip().splitlines()[-1]
+
+
+def test_multi30k_other_test_sets_dry_run(tmp_path):
+    out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run", "--test-sets",
+                      "test_2016_flickr,test_2017_flickr,test_2017_mscoco", "--work-dir",
+                      tmp_path).stdout
+    for name in ("test_2017_flickr.en", "test_2017_mscoco.de"):
+        assert f"raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.gz" \
+            in out
+    gen = [c for c in commands(out) if " nmt-generate " in c and "/val." not in c]
+    assert [c.split("--input ")[1].split()[0].rsplit("/", 1)[1] for c in gen] == [
+        "test_2016_flickr.en", "test_2017_flickr.en", "test_2017_mscoco.en"]
+    assert sum("--metric multi-bleu --lowercase --lang de" in c and "/val." not in c
+               for c in commands(out)) == 3
+
+
+def test_multi30k_a_test_set_of_ones_own_comes_from_the_folder_only(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("m30k_run", EXAMPLES / "multi30k" / "run.py")
+    m30k = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = m30k          # (its dataclasses look their module up)
+    try:
+        spec.loader.exec_module(m30k)
+    finally:
+        del sys.modules[spec.name]
+    # not a file of the release: never downloaded
+    with pytest.raises(NmtError, match="mytest.en is not a file of the Multi30k release"):
+        m30k.get_raw("mytest.en", tmp_path / "mytest.en", None, verify=False)
+    # from a folder: taken as it is (no line count to check it against)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mytest.en").write_text("a\nb\n")
+    m30k.get_raw("mytest.en", tmp_path / "mytest.en", src, verify=False)
+    assert (tmp_path / "mytest.en").read_text() == "a\nb\n"
+    # the release's other test sets are checked by their line count
+    (src / "test_2017_mscoco.de").write_text("a\n" * 460)
+    with pytest.raises(NmtError, match="460 lines, expected 461"):
+        m30k.get_raw("test_2017_mscoco.de", tmp_path / "t.de", src, verify=True)
+    assert not (tmp_path / "t.de").exists()
+    # a missing file of one's own is named in a one-line error
+    p = run_example("multi30k/run.py", FIXTURES / "multi30k", "--no-verify", "--stages", "data",
+                    "--test-sets", "mytest", "--work-dir", tmp_path / "w", check=False)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "has neither mytest.en nor mytest.en.gz" in p.stderr.strip().splitlines()[-1]
+
+
 def test_multi30k_rejects_a_copy_that_is_not_the_release(tmp_path):
     # The fixtures are excerpts: line counts and sha256 differ from the real files.
     p = run_example("multi30k/run.py", FIXTURES / "multi30k", "--work-dir", tmp_path,
@@ -470,6 +552,14 @@ def r_marker_exists(work: Path) -> bool:
 
 # --- parsing_wsj/run.sh (bash) -------------------------------------------------------------
 
+PARSING_RUN_SH = str(EXAMPLES / "parsing_wsj" / "run.sh")
+
+
+def parsing_run_sh(*args, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", PARSING_RUN_SH, *map(str, args)], capture_output=True,
+                          text=True, env=ENV, timeout=timeout)
+
+
 def test_parsing_run_sh_dry_run_commands_are_valid(tmp_path):
     import shlex
     p = subprocess.run(["bash", str(EXAMPLES / "parsing_wsj" / "run.sh"), "--dry-run", "--gpus",
@@ -575,11 +665,9 @@ def test_parsing_run_sh_seeds_and_rdrop_dry_run(tmp_path):
     (seeds 2, 3, their own checkpoint folders) after the single model's test, then the valid
     and test splits decoded by the ensemble of the three runs' 5-best listings."""
     import shlex
-    script = str(EXAMPLES / "parsing_wsj" / "run.sh")
     work = tmp_path / "w"
-    p = subprocess.run(["bash", script, "--dry-run", "--sample", "--seeds", "3",
-                        "--rdrop-alpha", "0.5", "/data/ptb-sample", str(work)],
-                       capture_output=True, text=True, env=ENV, timeout=60)
+    p = parsing_run_sh("--dry-run", "--sample", "--seeds", 3, "--rdrop-alpha", 0.5,
+                       "/data/ptb-sample", work)
     assert p.returncode == 0, p.stderr
     cmds = commands(p.stdout)
     assert len(cmds) == 9 + 2 + 6 and not work.exists()
@@ -600,13 +688,11 @@ def test_parsing_run_sh_seeds_and_rdrop_dry_run(tmp_path):
     assert f"--ref {work}/text/test.gold" in score_test and "--metric bracket-f1" in score_valid
     for c in cmds:
         validate_command(shlex.split(c.split(" > ")[0]))
-    plain = subprocess.run(["bash", script, "--dry-run", "--sample", "/data/ptb-sample"],
-                           capture_output=True, text=True, env=ENV, timeout=60)
+    plain = parsing_run_sh("--dry-run", "--sample", "/data/ptb-sample")
     assert "--rdrop-alpha" not in plain.stdout and "seed" not in plain.stdout
     for bad, word in ((["--seeds", "0"], "--seeds"), (["--rdrop-alpha", "x"], "--rdrop-alpha"),
                       (["--rdrop-alpha", "1.2.3"], "--rdrop-alpha")):
-        b = subprocess.run(["bash", script, "--dry-run", "--sample", *bad, "/data/ptb-sample"],
-                           capture_output=True, text=True, env=ENV, timeout=60)
+        b = parsing_run_sh("--dry-run", "--sample", *bad, "/data/ptb-sample")
         assert b.returncode == 2 and word in b.stderr and len(b.stderr.splitlines()) == 1
 
 
@@ -638,6 +724,59 @@ def test_parsing_run_sh_tiny_seeds_end_to_end(tmp_path):
     same = subprocess.run(["bash", script, "--tiny", "--rdrop-alpha", "1.0", "--dry-run", mini,
                            str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=60)
     assert same.returncode == 0, same.stderr
+
+
+def test_parsing_run_sh_extra_test_dry_run(tmp_path):
+    """--extra-test NAME=FIRST-LAST: those files prepared beside the same train split (same
+    options, so the same vocabulary and signatures), then parsed and scored as the test split
+    is, by the single model and, with --seeds, by the ensemble."""
+    import shlex
+    work = tmp_path / "w"
+    p = parsing_run_sh("--dry-run", "--sample", "--seeds", 2, "--extra-test", "more=0180-0199",
+                       "/data/ptb-sample", work)
+    assert p.returncode == 0, p.stderr
+    cmds = commands(p.stdout)
+    assert len(cmds) == 9 + 1 + 6 + 1 + 6
+    prepare, gen, delin, score, gen_ens = cmds[16], cmds[17], cmds[18], cmds[19], cmds[20]
+    assert prepare.endswith(f"/data/ptb-sample {work}/text-more --split train=0001-0159 "
+                            "--split more=0180-0199 --leaves words --signatures 2")
+    listing = f"$(cat {work}/checkpoints/ensemble_best5.txt)"
+    assert gen.startswith(f"nmt-generate {listing} --input {work}/text-more/more.sig "
+                          f"--output {work}/results/more.lin --beam 21 --lenpen 1.0 ")
+    assert f"delinearize.py {work}/text-more/more.words " in delin and "--tags" in delin
+    assert f"--ref {work}/text-more/more.gold" in score
+    assert score.endswith(f"> {work}/results/bracket_f1.more.txt")
+    assert gen_ens.startswith(f"nmt-generate {listing} $(cat {work}/checkpoints-seed2/")
+    assert cmds[-1].endswith(f"> {work}/results/bracket_f1.more.seeds2.txt")
+    for c in cmds:
+        validate_command(shlex.split(c.split(" > ")[0]))
+    for bad in ("test=0170-0179", "more=0180", "more=x-y", "a.b=0001-0002"):
+        b = parsing_run_sh("--dry-run", "--sample", "--extra-test", bad, "/data/ptb-sample")
+        assert b.returncode == 2 and "--extra-test" in b.stderr
+        assert len(b.stderr.splitlines()) == 1
+
+
+def test_parsing_run_sh_tiny_extra_test_end_to_end(tmp_path):
+    """The tiny chain with --extra-test for real: one tree per sentence of those files,
+    scored and printed after the test split's; adding another to the finished folder runs
+    only its own steps."""
+    mini = FIXTURES.parent / "parsing" / "mini"
+    p = parsing_run_sh("--tiny", "--extra-test", "first=0001-0001", mini, tmp_path, timeout=240)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "results"
+    words = (tmp_path / "text-first" / "first.words").read_text().splitlines()
+    assert 0 < len(words) < 5 and fetch.count_lines(out / "first.trees") == len(words)
+    assert "bracket-F1" in (out / "bracket_f1.first.txt").read_text()
+    assert p.stdout.index("first (files 0001-0001)") > p.stdout.index("bracket-F1")
+    # the extra files were prepared with the run's own train split
+    assert (tmp_path / "text-first" / "train.words").read_text() == \
+        (tmp_path / "text" / "train.words").read_text()
+    more = parsing_run_sh("--tiny", "--extra-test", "first=0001-0001", "--extra-test",
+                          "rest=0002-0003", mini, tmp_path, timeout=240)
+    assert more.returncode == 0, more.stderr
+    assert more.stderr.count("already complete, skipping") == 6 + 4
+    assert "$ nmt-train" not in more.stderr and "$ nmt-generate" in more.stderr
+    assert fetch.count_lines(out / "rest.trees") == 5 - len(words)
 
 
 @pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)

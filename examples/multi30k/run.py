@@ -10,9 +10,9 @@ The recipes (``--recipe``; README.md next to this file says why each value):
   literature scores (lowercased multi-bleu) beside sacreBLEU; ``literature-rdrop`` adds R-Drop;
 * ``base``: transformer_base's size, the model of the CTranslate2 decoding benchmark.
 
-Then beam search on test_2016_flickr (beam and alpha tuned on val where the recipe has a grid)
--> sacreBLEU, chrF and tokenized BLEU; ``--seeds N`` adds an ensemble of N runs beside the
-single model. Every stage is resumable; ``--dry-run`` prints the commands, ``--tiny`` runs
+Then beam search on test_2016_flickr, and on each of ``--test-sets`` (beam and alpha tuned on
+val where the recipe has a grid) -> sacreBLEU, chrF, tokenized BLEU and lowercased multi-bleu;
+``--seeds N`` adds an ensemble of N runs beside the single model. Every stage is resumable; ``--dry-run`` prints the commands, ``--tiny`` runs
 them on the shipped fixtures in seconds.
 """
 
@@ -53,6 +53,10 @@ EXPECTED = {
     "val.fr": (1014, "5304e444d842e962b2dda4d816b70b22a1765b15401642b7ca37a67477e708dc"),
     "test_2016_flickr.fr": (1000, "cb3160d69b002bb638e66cc7612fcd56cb0af82eadc9c142dedc438afb885ef6"),
 }
+TEST_SET = "test_2016_flickr"       # the test set of every figure in BENCHMARKS.md
+# The release's other test sets (--test-sets), with the sentences each is known to hold; this
+# project has no copy of them, so a copy is checked by its line count only.
+OTHER_TEST_SETS = {"test_2017_flickr": 1000, "test_2017_mscoco": 461, "test_2018_flickr": 1071}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,13 +142,22 @@ def get_raw(name: str, dest: Path, source_dir: Path | None, verify: bool) -> Non
             _gunzip(gz, tmp)
         else:
             raise NmtError(f"{source_dir} has neither {name} nor {name}.gz (the Multi30k raw "
-                           f"files: train, val, test_2016_flickr .en/.de)")
+                           f"files: train, val and each test set, .en and the target)")
+    elif name.split(".")[0] not in (TEST_SET, "train", "val", *OTHER_TEST_SETS):
+        raise NmtError(f"{name} is not a file of the Multi30k release: give MULTI30K_DIR, the "
+                       f"folder that holds it")
     else:
         gz = dest.with_name(f"{name}.gz")
         fetch.download(RAW_URL.format(name=name), gz)
         _gunzip(gz, tmp)
         gz.unlink()
-    if verify:
+    if verify and name not in EXPECTED:
+        got, want = fetch.count_lines(tmp), OTHER_TEST_SETS[name.split(".")[0]]
+        if got != want:
+            tmp.unlink()
+            raise NmtError(f"{name}: {got} lines, expected {want} (a different or damaged "
+                           f"copy; use --no-verify to accept it)")
+    elif verify:
         lines, sha = EXPECTED[name]
         got_lines, got_sha = fetch.count_lines(tmp), fetch.file_digest(tmp, "sha256")
         if (got_lines, got_sha) != (lines, sha):
@@ -171,7 +184,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("multi30k_dir", nargs="?", type=Path,
                     default=os.environ.get("NMT_MULTI30K_DIR") or None,   # (empty: unset)
                     help="folder with the raw Multi30k files train/val/test_2016_flickr "
-                         ".en/.de/.fr (or their .gz); downloaded from github.com/multi30k/dataset "
+                         "(and the other --test-sets) .en/.de/.fr (or their .gz); downloaded from github.com/multi30k/dataset "
                          "when omitted (default: $NMT_MULTI30K_DIR)")
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="small",
                     help="small: the 1000-update speed reference (M30K-small); converge: "
@@ -191,6 +204,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="train the recipe N times with seeds 1..N, one after another (seed "
                          "1's run is the single model), and report their ensemble beside the "
                          "single model, its beam and alpha tuned on val (default: 1)")
+    ap.add_argument("--test-sets", default=TEST_SET, metavar="NAME[,NAME...]",
+                    help="the test sets to translate and score, once each, with the beam and "
+                         "alpha chosen on val: NAME.en and NAME.TARGET of MULTI30K_DIR; the "
+                         "release's test_2017_flickr, test_2017_mscoco and test_2018_flickr "
+                         "are downloaded when MULTI30K_DIR is not given (default: "
+                         "%(default)s)")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -206,21 +225,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def get_data(r: Recipe, raw: Path, source, tgt: str, tiny: bool, no_verify: bool) -> None:
-    names = [f"{s}.{lang}" for s in ("train", "val", "test_2016_flickr") for lang in ("en", tgt)]
+def get_data(r: Recipe, raw: Path, source, tgt: str, test_sets: list[str], tiny: bool,
+             no_verify: bool) -> None:
+    # test_2016_flickr always: nmt-preprocess binarizes it as the data directory's test split
+    splits = list(dict.fromkeys(["train", "val", TEST_SET, *test_sets]))
+    names = [f"{s}.{lang}" for s in splits for lang in ("en", tgt)]
     for name in names:
         where = f"from {source}" if source else f"from {RAW_URL.format(name=name)}"
-        verify = not (tiny or no_verify)
+        # a file of the release is checked: by sha256 where this project has measured it, by
+        # its line count for the other test sets; a test set of your own is taken as it is
+        check = ("lines and sha256" if name in EXPECTED else "line count"
+                 if name.split(".")[0] in OTHER_TEST_SETS else None)
+        verify = check is not None and not (tiny or no_verify)
 
-        def get(name=name) -> None:
+        def get(name=name, verify=verify) -> None:
             raw.mkdir(parents=True, exist_ok=True)
             get_raw(name, raw / name, Path(source) if source else None, verify)
         r.step(f"data-{name}", [raw / name], get, python=True,
                params={"source": str(source or ""), "verify": verify},
-               describe=f"get {name} {where}" + (", check lines and sha256" if verify else ""))
+               describe=f"get {name} {where}" + (f", check {check}" if verify else ""))
     if not r.dry_run:
         fetch.check_line_counts({n: raw / n for n in names}, parallel=[
-            (f"{s}.en", f"{s}.{tgt}") for s in ("train", "val", "test_2016_flickr")])
+            (f"{s}.en", f"{s}.{tgt}") for s in splits])
+
+
+def test_set_names(value: str) -> list[str]:
+    """--test-sets: the names, each once, in the order given; train and val are refused (the
+    model learns from one and is tuned on the other)."""
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    if not names:
+        raise NmtError("--test-sets needs at least one name")
+    for n in names:
+        if n in ("train", "val"):
+            raise NmtError(f"--test-sets: {n} is not a test set (the model is trained on "
+                           f"train and its beam and alpha are chosen on val)")
+        if not n.replace("_", "").replace("-", "").isalnum():
+            raise NmtError(f"--test-sets: {n!r} is not a file name stem such as "
+                           f"test_2017_flickr (letters, digits, _ and -)")
+    return names
 
 
 def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: str,
@@ -336,22 +378,37 @@ class Decoding:
 
 
 def decode_and_score(r: Recipe, stages: set[str], d: Decoding, grid, default: tuple[int, float],
-                     raw: Path, tgt: str, threads: int) -> None:
-    """Tune beam and alpha on val (when the recipe has a grid), translate the test set once
+                     raw: Path, tgt: str, test_sets: list[str], threads: int) -> None:
+    """Tune beam and alpha on val (when the recipe has a grid), translate each test set once
     with the chosen pair, score it; print the scores."""
-    results = d.results
-    hyp, scores = results / f"test_2016_flickr.hyp.{tgt}", results / "scores.txt"
     beam, lenpen = default
     if "tune" in stages and grid:
-        beam, lenpen = tune(r, d.tune_name, grid, default, d.models, raw, results, tgt,
+        beam, lenpen = tune(r, d.tune_name, grid, default, d.models, raw, d.results, tgt,
                             threads)
-    elif grid and (results / "tuning.json").exists() and not r.dry_run:
+    elif grid and (d.results / "tuning.json").exists() and not r.dry_run:
         # --stages without tune: the pair an earlier tune stage chose, not the defaults
-        beam, lenpen = tuned_pair(results / "tuning.json")
+        beam, lenpen = tuned_pair(d.results / "tuning.json")
         log.info("beam %d, alpha %g: chosen on val by the tune stage (%s)", beam, lenpen,
-                 results / "tuning.json")
+                 d.results / "tuning.json")
+    if len(d.models) > 1 and "score" in stages and not r.dry_run:
+        print(f"ensemble of {len(d.models)} seeds:")
+    for test_set in test_sets:
+        decode_test_set(r, stages, d, test_set, (beam, lenpen), raw, tgt, threads)
+
+
+def decode_test_set(r: Recipe, stages: set[str], d: Decoding, test_set: str,
+                    pair: tuple[int, float], raw: Path, tgt: str, threads: int) -> None:
+    """Translate TEST_SET once with ``pair`` (beam, alpha) and score it: sacreBLEU, chrF and
+    tokenized BLEU, and the literature's lowercased multi-bleu. test_2016_flickr keeps the
+    names it had before --test-sets existed (scores.txt, generate-NAME), so that a finished
+    work folder stays finished; another set's files and steps carry its name."""
+    results, (beam, lenpen) = d.results, pair
+    hyp = results / f"{test_set}.hyp.{tgt}"
+    tag = "" if test_set == TEST_SET else f".{test_set}"
+    step = d.name if test_set == TEST_SET else f"{d.name}-{test_set}"
+    scores, lit = results / f"scores{tag}.txt", results / f"scores-multi-bleu{tag}.txt"
     if "generate" in stages:
-        cmd = ["nmt-generate", *d.models, "--input", raw / "test_2016_flickr.en",
+        cmd = ["nmt-generate", *d.models, "--input", raw / f"{test_set}.en",
                "--output", hyp, "--beam", beam, "--lenpen", lenpen, "--max-len-a", 1,
                "--max-len-b", 50, "--device", "cpu", "--threads", threads]
 
@@ -360,26 +417,24 @@ def decode_and_score(r: Recipe, stages: set[str], d: Decoding, grid, default: tu
                 results.mkdir(parents=True, exist_ok=True)
             r.sh(cmd)
         what = f"an ensemble of {len(d.models)}, " if len(d.models) > 1 else ""
-        r.step(f"generate-{d.name}", [hyp], generate, inputs=d.models, params={"cmd": cmd},
+        r.step(f"generate-{step}", [hyp], generate, inputs=d.models, params={"cmd": cmd},
                on_stale=lambda: drop_partial(hyp),
-               describe=f"{what}beam {beam}, alpha {lenpen}, max length source + 50")
+               describe=f"{test_set}: {what}beam {beam}, alpha {lenpen}, max length source + 50")
     if "score" in stages:
-        cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
-               "--metric", "bleu,chrf,tok-bleu", "--lang", tgt]
-        r.step(f"score-{d.name}", [scores], lambda: r.sh(cmd, stdout=scores), inputs=[hyp],
-               params={"cmd": cmd}, describe="sacreBLEU, chrF, tokenized BLEU on "
-                                             "test_2016_flickr")
+        ref = raw / f"{test_set}.{tgt}"
+        cmd = ["nmt-score", "--hyp", hyp, "--ref", ref, "--metric", "bleu,chrf,tok-bleu",
+               "--lang", tgt]
+        r.step(f"score-{step}", [scores], lambda: r.sh(cmd, stdout=scores), inputs=[hyp],
+               params={"cmd": cmd}, describe=f"sacreBLEU, chrF, tokenized BLEU on {test_set}")
         # The literature's footing (Wu et al. 2021 and the Multi30k papers): lowercased,
         # punctuation-normalized, Moses-tokenized multi-bleu.
-        lit = results / "scores-multi-bleu.txt"
-        lit_cmd = ["nmt-score", "--hyp", hyp, "--ref", raw / f"test_2016_flickr.{tgt}",
-                   "--metric", "multi-bleu", "--lowercase", "--lang", tgt]
-        r.step(f"score-multi-bleu-{d.name}", [lit], lambda: r.sh(lit_cmd, stdout=lit),
+        lit_cmd = ["nmt-score", "--hyp", hyp, "--ref", ref, "--metric", "multi-bleu",
+                   "--lowercase", "--lang", tgt]
+        r.step(f"score-multi-bleu-{step}", [lit], lambda: r.sh(lit_cmd, stdout=lit),
                inputs=[hyp], params={"cmd": lit_cmd},
-               describe="lowercased, Moses-tokenized multi-bleu on test_2016_flickr")
+               describe=f"lowercased, Moses-tokenized multi-bleu on {test_set}")
         if not r.dry_run:
-            if len(d.models) > 1:
-                print(f"ensemble of {len(d.models)} seeds:")
+            print(f"{test_set}:")
             print(scores.read_text(encoding="utf-8"), end="")
             print(lit.read_text(encoding="utf-8"), end="")
 
@@ -396,6 +451,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads < 1 or args.seeds < 1 or (args.max_update is not None
                                                   and args.max_update < 1):
             raise NmtError("--threads, --seeds and --max-update must be >= 1")
+        test_sets = test_set_names(args.test_sets)
         source = FIXTURES if args.tiny else args.multi30k_dir
         if source is not None and not Path(source).is_dir():
             raise NmtError(f"{source}: no such folder")
@@ -415,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         models = [final_model(d, rec, args.tiny) for d in save_dirs]
 
         if "data" in stages:
-            get_data(r, raw, source, tgt, args.tiny, args.no_verify)
+            get_data(r, raw, source, tgt, test_sets, args.tiny, args.no_verify)
         if "preprocess" in stages:
             cmd = ["nmt-preprocess", "-s", "en", "-t", tgt, "--trainpref", raw / "train",
                    "--validpref", raw / "val", "--testpref", raw / "test_2016_flickr",
@@ -440,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
             train(1)
         single = Decoding(name=run, tune_name=f"tune-{save_dirs[0].name}", models=models[:1],
                           results=r.work_dir / f"results-{run}")
-        decode_and_score(r, stages, single, grid, (rec.beam, rec.lenpen), raw, tgt, threads)
+        decode_and_score(r, stages, single, grid, (rec.beam, rec.lenpen), raw, tgt,
+                         test_sets, threads)
         if args.seeds > 1:
             # The ensemble: a second result after the single model's, never instead of it.
             if "train" in stages:
@@ -450,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
             ensemble = Decoding(name=name, tune_name=f"tune-{name}", models=models,
                                 results=r.work_dir / f"results-{name}")
             decode_and_score(r, stages, ensemble, grid, (rec.beam, rec.lenpen), raw, tgt,
-                             threads)
+                             test_sets, threads)
 
     run_main("multi30k/run.py", body)
 

@@ -35,6 +35,11 @@
 #                   (WORK/checkpoints-seedK) and decode the valid and test splits with the
 #                   ensemble of all N runs (each run's 5 best checkpoints with --sample, its
 #                   last otherwise), scored beside the single model, never instead    [1]
+#   --extra-test NAME=FIRST-LAST  also parse treebank files FIRST-LAST (by the number in
+#                   their name) as the test split is parsed, and score them: the single
+#                   model, and the seeds' ensemble with --seeds; prepared in WORK/text-NAME
+#                   beside the same train split, so with the same vocabulary and signatures
+#                   (repeatable; adding one to a finished WORK_DIR parses only those files)
 #
 # Each step leaves WORK_DIR/.done/STEP, recording its command, when it finished: the next run
 # skips it if the command is the same (an interrupted run resumes where it stopped; training
@@ -51,6 +56,7 @@ max_update="${MAX_UPDATE:-}"
 train_sentences=""
 rdrop_alpha=0
 seeds=1
+extra_tests=()
 dry_run=0
 tiny=0
 sample=0
@@ -65,6 +71,7 @@ while [ $# -gt 0 ]; do
     --train-sentences) train_sentences="${2:?--train-sentences needs a number}"; shift 2 ;;
     --rdrop-alpha) rdrop_alpha="${2:?--rdrop-alpha needs a number}"; shift 2 ;;
     --seeds) seeds="${2:?--seeds needs a number}"; shift 2 ;;
+    --extra-test) extra_tests+=("${2:?--extra-test needs NAME=FIRST-LAST}"); shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     -*) echo "run.sh: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
@@ -79,6 +86,16 @@ done
 case "$rdrop_alpha" in
   ''|.|*[!0-9.]*|*.*.*) echo "run.sh: error: --rdrop-alpha takes a number >= 0, got '$rdrop_alpha'" >&2; exit 2 ;;
 esac
+for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
+  case "$spec" in
+    train=*|valid=*|test=*|free=*) echo "run.sh: error: --extra-test $spec: train, valid, test and free are names this script uses; give another NAME" >&2; exit 2 ;;
+    [A-Za-z]*=*-*) ;;
+    *) echo "run.sh: error: --extra-test takes NAME=FIRST-LAST (e.g. extra=0180-0199), got '$spec'" >&2; exit 2 ;;
+  esac
+  name="${spec%%=*}"; range="${spec#*=}"
+  case "$name" in *[!A-Za-z0-9_-]*) echo "run.sh: error: --extra-test: NAME may hold letters, digits, _ and - only, got '$name'" >&2; exit 2 ;; esac
+  case "${range%-*}/${range#*-}" in *[!0-9/]*|/*|*/) echo "run.sh: error: --extra-test $spec: FIRST-LAST are file numbers, e.g. 0180-0199" >&2; exit 2 ;; esac
+done
 if [ "$tiny" = 1 ] && [ "$sample" = 1 ]; then
   echo "run.sh: error: --tiny and --sample exclude each other" >&2; exit 2
 fi
@@ -360,6 +377,29 @@ if [ "$seeds" -gt 1 ]; then
   done
 fi
 
+# 8. --extra-test NAME=FIRST-LAST: those files prepared beside the same train split (so with
+#    the same vocabulary and signatures; WORK/text-NAME), parsed as step 4 parses the test
+#    split by the single model and, with --seeds, by the ensemble, each scored by EVALB.
+# parse_extra NAME TAG MODEL...: decode WORK/text-NAME/NAME with the models into
+# WORK/results/TAG.{lin,trees}, scored into bracket_f1.TAG.txt (repairs in repairs.TAG.txt).
+parse_extra() {
+  local name="$1" tag="$2" text="$work/text-$1"; shift 2
+  step "generate_extra_$tag" "${generate[@]}" "$@" --input "$text/$name.$src" \
+    --output "$out/$tag.lin" --beam 21 --lenpen "$lenpen" --max-len-a 1 --max-len-b 300 \
+    ${gen_opts[@]+"${gen_opts[@]}"}
+  step "delinearize_extra_$tag" --stdout "$out/$tag.trees" --stderr "$out/repairs.$tag.txt" \
+    python3 "$here/delinearize.py" "$text/$name.words" "$out/$tag.lin" --tags "$text/$name.tags"
+  step "score_extra_$tag" --stdout "$out/bracket_f1.$tag.txt" "${score[@]}" \
+    --ref "$text/$name.gold" --hyp "$out/$tag.trees" --metric bracket-f1
+}
+for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
+  name="${spec%%=*}"
+  step "prepare_extra_$name" python3 "$here/prepare.py" "$treebank" "$work/text-$name" \
+    "${splits[0]}" "${splits[1]}" --split "$spec" ${prep_opts[@]+"${prep_opts[@]}"}
+  parse_extra "$name" "$name" "${models[@]}"
+  if [ "$seeds" -gt 1 ]; then parse_extra "$name" "$name.seeds$seeds" "${ensemble[@]}"; fi
+done
+
 if [ "$dry_run" = 0 ]; then
   if [ "$sample" = 1 ]; then
     for run in "" .free; do
@@ -377,4 +417,13 @@ if [ "$dry_run" = 0 ]; then
       cat "$out/bracket_f1.$split.seeds$seeds.txt"
     done
   fi
+  for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
+    name="${spec%%=*}"
+    echo "$name (files ${spec#*=}), with tree constraints, ${models[*]}:"
+    cat "$out/bracket_f1.$name.txt"
+    if [ "$seeds" -gt 1 ]; then
+      echo "$name (files ${spec#*=}), the ensemble of $seeds runs, with tree constraints:"
+      cat "$out/bracket_f1.$name.seeds$seeds.txt"
+    fi
+  done
 fi
