@@ -294,8 +294,14 @@ def test_multi30k_tiny_end_to_end(tmp_path):
 
 
 def test_multi30k_other_test_sets_are_decoded_once_each_with_the_tuned_pair(tmp_path):
+    run_example("multi30k/run.py", "--tiny", "--work-dir", tmp_path)
+    # a set added to the finished folder: only it is fetched, translated and scored
     p = run_example("multi30k/run.py", "--tiny", "--test-sets", "test_2016_flickr,heldout",
                     "--work-dir", tmp_path)
+    ran = [line.split("| recipe | $ ")[1] for line in p.stderr.splitlines() if " | $ " in line]
+    assert len(ran) == 3 and all("heldout" in c for c in ran), ran
+    assert (tmp_path / "test-sets" / "heldout.en").is_file()
+    assert not (tmp_path / "raw" / "heldout.en").exists()
     results = tmp_path / "results-tiny"
     assert fetch.count_lines(results / "test_2016_flickr.hyp.de") == 15
     assert fetch.count_lines(results / "heldout.hyp.de") == 10
@@ -306,14 +312,10 @@ def test_multi30k_other_test_sets_are_decoded_once_each_with_the_tuned_pair(tmp_
     assert p.stdout.index("test_2016_flickr:") < p.stdout.index("heldout:")
     assert p.stdout.count("BLEU|nrefs:1") == 2 and p.stdout.count("multi-BLEU|") == 2
     best = json.loads((results / "tuning.json").read_text())["best"]
-    decodes = [line for line in p.stderr.splitlines() if " nmt-generate " in line
-               and "results-tiny/val." not in line]
-    assert len(decodes) == 2 and "heldout.en" in decodes[1]
-    assert all(f"--beam {best['beam']} --lenpen {best['alpha']}" in d for d in decodes)
-    # adding a set to a finished folder decodes only that set
+    assert f"--beam {best['beam']} --lenpen {best['alpha']}" in ran[0]
     again = run_example("multi30k/run.py", "--tiny", "--test-sets", "heldout,test_2016_flickr",
                         "--work-dir", tmp_path)
-    assert "$ nmt-" not in again.stderr
+    assert " | $ " not in again.stderr
     assert again.stdout.index("heldout:") < again.stdout.index("test_2016_flickr:")
 
 
@@ -354,18 +356,21 @@ def test_multi30k_a_test_set_of_ones_own_comes_from_the_folder_only(tmp_path):
         spec.loader.exec_module(m30k)
     finally:
         del sys.modules[spec.name]
-    # not a file of the release: never downloaded
+    # not a set of the release: never downloaded, refused before anything runs
+    with pytest.raises(NmtError, match="mytest is not a test set of the Multi30k release"):
+        m30k.test_set_names("test_2016_flickr,mytest", have_folder=False)
+    assert m30k.test_set_names("test_2017_mscoco", have_folder=False) == ["test_2017_mscoco"]
     with pytest.raises(NmtError, match="mytest.en is not a file of the Multi30k release"):
         m30k.get_raw("mytest.en", tmp_path / "mytest.en", None, verify=False)
-    # from a folder: taken as it is (no line count to check it against)
+    # from a folder: taken as it is (nothing to check it against)
     src = tmp_path / "src"
     src.mkdir()
     (src / "mytest.en").write_text("a\nb\n")
     m30k.get_raw("mytest.en", tmp_path / "mytest.en", src, verify=False)
     assert (tmp_path / "mytest.en").read_text() == "a\nb\n"
-    # the release's other test sets are checked by their line count
+    # the release's other test sets are checked like the rest: lines and sha256
     (src / "test_2017_mscoco.de").write_text("a\n" * 460)
-    with pytest.raises(NmtError, match="460 lines, expected 461"):
+    with pytest.raises(NmtError, match="460 lines, sha256 .* expected 461 lines"):
         m30k.get_raw("test_2017_mscoco.de", tmp_path / "t.de", src, verify=True)
     assert not (tmp_path / "t.de").exists()
     # a missing file of one's own is named in a one-line error
@@ -750,10 +755,18 @@ def test_parsing_run_sh_extra_test_dry_run(tmp_path):
     assert cmds[-1].endswith(f"> {work}/results/bracket_f1.more.seeds2.txt")
     for c in cmds:
         validate_command(shlex.split(c.split(" > ")[0]))
-    for bad in ("test=0170-0179", "more=0180", "more=x-y", "a.b=0001-0002"):
-        b = parsing_run_sh("--dry-run", "--sample", "--extra-test", bad, "/data/ptb-sample")
+    for bad in (["test=0170-0179"], ["more=0180"], ["more=x-y"], ["a.b=0001-0002"],
+                ["a-b=0001-0002"], ["more=0199-0180"],
+                ["more=0001-0002", "--extra-test", "more=0003-0003"]):
+        b = parsing_run_sh("--dry-run", "--sample", "--extra-test", *bad, "/data/ptb-sample")
         assert b.returncode == 2 and "--extra-test" in b.stderr
         assert len(b.stderr.splitlines()) == 1
+    # a range without a file is refused before anything runs (the files are read after
+    # training)
+    mini = FIXTURES.parent / "parsing" / "mini"
+    b = parsing_run_sh("--tiny", "--extra-test", "more=0180-0199", mini, work)
+    assert b.returncode == 2 and "no .mrg file numbered 0180-0199" in b.stderr
+    assert not work.exists()
 
 
 def test_parsing_run_sh_tiny_extra_test_end_to_end(tmp_path):
@@ -888,9 +901,10 @@ def test_parsing_run_sh_help_is_the_whole_header():
                        capture_output=True, text=True, env=ENV, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("Section 6.3 of the paper")
     # every option, and the header's last line; no code after it
-    for opt in ("--gpus N", "--max-update N", "--sample", "--tiny", "--train-sentences N"):
+    for opt in ("--gpus N", "--max-update N", "--sample", "--tiny", "--train-sentences N",
+                "--extra-test NAME=FIRST-LAST"):
         assert opt in p.stdout, opt
-    assert p.stdout.rstrip().endswith("and otherwise runs it and every later step again.")
+    assert p.stdout.rstrip().endswith("nmt-train finds it complete).")
     assert "set -euo" not in p.stdout
 
 

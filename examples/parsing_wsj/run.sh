@@ -43,7 +43,10 @@
 #
 # Each step leaves WORK_DIR/.done/STEP, recording its command, when it finished: the next run
 # skips it if the command is the same (an interrupted run resumes where it stopped; training
-# from checkpoint_last.pt), and otherwise runs it and every later step again.
+# from checkpoint_last.pt), and otherwise runs it and every later step again. A run that does
+# any step forgets the finished steps of options it was not given (--seeds, --extra-test):
+# give a work folder its options again each time, or their decoding runs again next time (a
+# finished training is not redone: nmt-train finds it complete).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -93,8 +96,13 @@ for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
     *) echo "run.sh: error: --extra-test takes NAME=FIRST-LAST (e.g. extra=0180-0199), got '$spec'" >&2; exit 2 ;;
   esac
   name="${spec%%=*}"; range="${spec#*=}"
-  case "$name" in *[!A-Za-z0-9_-]*) echo "run.sh: error: --extra-test: NAME may hold letters, digits, _ and - only, got '$name'" >&2; exit 2 ;; esac
+  case "$name" in *[!A-Za-z0-9_]*) echo "run.sh: error: --extra-test: NAME may hold letters, digits and _ only, got '$name'" >&2; exit 2 ;; esac
   case "${range%-*}/${range#*-}" in *[!0-9/]*|/*|*/) echo "run.sh: error: --extra-test $spec: FIRST-LAST are file numbers, e.g. 0180-0199" >&2; exit 2 ;; esac
+  if [ $((10#${range%-*})) -gt $((10#${range#*-})) ]; then
+    echo "run.sh: error: --extra-test $spec: FIRST is after LAST" >&2; exit 2
+  fi
+  case " ${extra_names-} " in *" $name "*) echo "run.sh: error: --extra-test $name is given twice" >&2; exit 2 ;; esac
+  extra_names="${extra_names-} $name"
 done
 if [ "$tiny" = 1 ] && [ "$sample" = 1 ]; then
   echo "run.sh: error: --tiny and --sample exclude each other" >&2; exit 2
@@ -180,6 +188,17 @@ fi
 if [ "$dry_run" = 0 ] && [ ! -e "$treebank" ]; then
   echo "run.sh: error: $treebank: no such file or folder" >&2; exit 1
 fi
+# --extra-test files are prepared after training: a range with no file fails now, not then.
+for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
+  [ "$dry_run" = 0 ] || break
+  range="${spec#*=}"
+  if ! find "$treebank" -name '*.mrg' | awk -v a=$((10#${range%-*})) -v b=$((10#${range#*-})) '
+      { if (match($0, /[0-9]+[^0-9\/]*$/)) { n = substr($0, RSTART); gsub(/[^0-9]/, "", n)
+          if (n + 0 >= a && n + 0 <= b) found = 1 } }
+      END { exit !found }'; then
+    echo "run.sh: error: --extra-test $spec: no .mrg file numbered $range in $treebank" >&2; exit 2
+  fi
+done
 
 data="$work/text"; bin="$work/data-bin"; ckpt="$work/checkpoints"; out="$work/results"
 
