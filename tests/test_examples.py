@@ -174,22 +174,6 @@ def test_multi30k_literature_rdrop_dry_run(tmp_path):
     assert "--rdrop-alpha" not in plain and "--max-tokens 4096" in plain
 
 
-def test_multi30k_literature_cosine_dry_run(tmp_path):
-    out = run_example("multi30k/run.py", "--recipe", "literature-cosine", "--dry-run",
-                      "--work-dir", tmp_path).stdout
-    pre, train, *tuning, gen, _, lit = commands(out)
-    # the plain recipe but for the schedule: the same warm-up to the same peak, then a cosine
-    plain = commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
-                                 "--work-dir", tmp_path).stdout)[1]
-    assert train.replace("--lr-scheduler cosine --lr 0.005", "--lr-scale 2.53").replace(
-        "checkpoints-literature-cosine", "checkpoints-literature") == plain
-    assert "--vocab-size 10000" in pre and len(tuning) == 16
-    assert "checkpoints-literature-cosine/checkpoint_avg10.pt" in gen
-    assert "--metric multi-bleu --lowercase --lang de" in lit
-    # eq. 5's peak with --lr-scale 2.53 is the cosine's --lr 0.005
-    assert abs(128 ** -0.5 * 2000 ** -0.5 * 2.53 - 0.005) < 1e-5
-
-
 @pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_tiny_end_to_end_en_fr(tmp_path):
     p = run_example("multi30k/run.py", "--tiny", "--target", "fr", "--work-dir", tmp_path)

@@ -7,8 +7,7 @@ The recipes (``--recipe``; README.md next to this file says why each value):
   tokens, the paper's warm-up of 4000, about half an hour on 2 threads;
 * ``converge``: transformer_small trained to convergence within 2 hours on 2 threads;
 * ``literature``: Wu et al. (2021)'s text-only Transformer-tiny, scored as the Multi30k
-  literature scores (lowercased multi-bleu) beside sacreBLEU; ``literature-rdrop`` adds R-Drop,
-  ``literature-cosine`` anneals its learning rate with a cosine;
+  literature scores (lowercased multi-bleu) beside sacreBLEU; ``literature-rdrop`` adds R-Drop;
 * ``base``: transformer_base's size, the model of the CTranslate2 decoding benchmark.
 
 Then beam search on test_2016_flickr, or on the test sets ``--test-sets`` names (beam and
@@ -92,7 +91,6 @@ class TrainingRecipe:
     tune: tuple[tuple[int, float], ...] = ()
     max_tokens: int = 4096         # nmt-train --max-tokens
     rdrop_alpha: float = 0.0       # nmt-train --rdrop-alpha (R-Drop; 0: off)
-    schedule: tuple[str, ...] = ()  # another learning-rate schedule (with lr_scale 1.0)
 
 
 RECIPES = {
@@ -143,14 +141,6 @@ WIDE_TUNE = tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5, 2.0))
 # below the plain recipe (examples/multi30k/README.md, "Variants").
 RECIPES["literature-rdrop"] = replace(RECIPES["literature"], rdrop_alpha=5.0, max_tokens=2048,
                                       tune=WIDE_TUNE)
-# The literature recipe with its learning rate annealed: the same warm-up to the same peak of
-# 0.005, then half a cosine down to 0 at update 8,000 instead of the inverse square root (which
-# still runs at 0.0025 there): the last checkpoints are annealed, the parsing recipe's cosine
-# cycles lifted a checkpoint's validation F1 by 3, and the literature run's validation BLEU
-# still moved by +-1 between its last checkpoints.
-RECIPES["literature-cosine"] = replace(
-    RECIPES["literature"], lr_scale=1.0, tune=WIDE_TUNE,
-    schedule=("--lr-scheduler", "cosine", "--lr", "0.005"))
 
 
 def get_raw(name: str, dest: Path, source_dir: Path | None, verify: bool) -> None:
@@ -207,8 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="small: the 1000-update speed reference (M30K-small); converge: "
                          "transformer_small trained to convergence in under 2 hours on 2 "
                          "threads; literature: Wu et al. 2021's Transformer-tiny (about 1.4 "
-                         "hours), literature-rdrop: with R-Drop, literature-cosine: with its "
-                         "learning rate annealed by a cosine; base: transformer_base's size, "
+                         "hours), literature-rdrop: with R-Drop; base: transformer_base's size, "
                          "for the decoding benchmark (default: %(default)s)")
     ap.add_argument("--target", "-t", choices=("de", "fr"), default="de",
                     help="target language (default: %(default)s)")
@@ -307,7 +296,6 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", rec.max_tokens,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
             *(["--lr-scale", rec.lr_scale] if rec.lr_scale != 1.0 else []),
-            *rec.schedule,
             *(["--rdrop-alpha", rec.rdrop_alpha] if rec.rdrop_alpha else []),
             "--save-dir", save_dir, *rec.extra, "--device", "cpu", "--threads", threads,
             *seeded]
