@@ -189,8 +189,7 @@ if [ "$dry_run" = 0 ] && [ ! -e "$treebank" ]; then
   echo "run.sh: error: $treebank: no such file or folder" >&2; exit 1
 fi
 # --extra-test files are prepared after training: a range with no file fails now, not then.
-for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
-  [ "$dry_run" = 0 ] || break
+[ "$dry_run" = 1 ] || for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
   range="${spec#*=}"
   if ! find "$treebank" -name '*.mrg' | awk -v a=$((10#${range%-*})) -v b=$((10#${range#*-})) '
       { if (match($0, /[0-9]+[^0-9\/]*$/)) { n = substr($0, RSTART); gsub(/[^0-9]/, "", n)
@@ -374,6 +373,21 @@ if [ "$sample" = 1 ]; then
     --hyp "$out/test.free.trees" --metric bracket-f1
 fi
 
+# parse_split STEP TEXT SPLIT TAG BEAM MODEL...: decode TEXT/SPLIT.$src with the models (beam
+# BEAM, the validation's and step 4's length limits) into WORK/results/TAG.{lin,trees} (the
+# repairs in repairs.TAG.txt), scored by EVALB into bracket_f1.TAG.txt; the steps are
+# generate_STEP, delinearize_STEP and score_STEP.
+parse_split() {
+  local name="$1" text="$2" split="$3" tag="$4" beam="$5"; shift 5
+  step "generate_$name" "${generate[@]}" "$@" --input "$text/$split.$src" \
+    --output "$out/$tag.lin" --beam "$beam" --lenpen "$lenpen" --max-len-a 1 \
+    --max-len-b 300 ${gen_opts[@]+"${gen_opts[@]}"}
+  step "delinearize_$name" --stdout "$out/$tag.trees" --stderr "$out/repairs.$tag.txt" \
+    python3 "$here/delinearize.py" "$text/$split.words" "$out/$tag.lin" --tags "$text/$split.tags"
+  step "score_$name" --stdout "$out/bracket_f1.$tag.txt" "${score[@]}" \
+    --ref "$text/$split.gold" --hyp "$out/$tag.trees" --metric bracket-f1
+}
+
 # 7. --seeds N: runs 2..N, then the ensemble of all N runs on the valid split (beam 4 and
 #    the validation's length limits, as nmt-train validates) and on the test split (as step
 #    4), each scored by EVALB: a second result beside the single model's.
@@ -385,38 +399,22 @@ if [ "$seeds" -gt 1 ]; then
   done
   for split in valid test; do
     if [ "$split" = valid ]; then beam=4; else beam=21; fi
-    step "generate_seeds_$split" "${generate[@]}" "${ensemble[@]}" --input "$data/$split.$src" \
-      --output "$out/$split.seeds$seeds.lin" --beam "$beam" --lenpen "$lenpen" --max-len-a 1 \
-      --max-len-b 300 ${gen_opts[@]+"${gen_opts[@]}"}
-    step "delinearize_seeds_$split" --stdout "$out/$split.seeds$seeds.trees" \
-      --stderr "$out/repairs.$split.seeds$seeds.txt" python3 "$here/delinearize.py" \
-      "$data/$split.words" "$out/$split.seeds$seeds.lin" --tags "$data/$split.tags"
-    step "score_seeds_$split" --stdout "$out/bracket_f1.$split.seeds$seeds.txt" "${score[@]}" \
-      --ref "$data/$split.gold" --hyp "$out/$split.seeds$seeds.trees" --metric bracket-f1
+    parse_split "seeds_$split" "$data" "$split" "$split.seeds$seeds" "$beam" "${ensemble[@]}"
   done
 fi
 
 # 8. --extra-test NAME=FIRST-LAST: those files prepared beside the same train split (so with
 #    the same vocabulary and signatures; WORK/text-NAME), parsed as step 4 parses the test
 #    split by the single model and, with --seeds, by the ensemble, each scored by EVALB.
-# parse_extra NAME TAG MODEL...: decode WORK/text-NAME/NAME with the models into
-# WORK/results/TAG.{lin,trees}, scored into bracket_f1.TAG.txt (repairs in repairs.TAG.txt).
-parse_extra() {
-  local name="$1" tag="$2" text="$work/text-$1"; shift 2
-  step "generate_extra_$tag" "${generate[@]}" "$@" --input "$text/$name.$src" \
-    --output "$out/$tag.lin" --beam 21 --lenpen "$lenpen" --max-len-a 1 --max-len-b 300 \
-    ${gen_opts[@]+"${gen_opts[@]}"}
-  step "delinearize_extra_$tag" --stdout "$out/$tag.trees" --stderr "$out/repairs.$tag.txt" \
-    python3 "$here/delinearize.py" "$text/$name.words" "$out/$tag.lin" --tags "$text/$name.tags"
-  step "score_extra_$tag" --stdout "$out/bracket_f1.$tag.txt" "${score[@]}" \
-    --ref "$text/$name.gold" --hyp "$out/$tag.trees" --metric bracket-f1
-}
 for spec in ${extra_tests[@]+"${extra_tests[@]}"}; do
   name="${spec%%=*}"
   step "prepare_extra_$name" python3 "$here/prepare.py" "$treebank" "$work/text-$name" \
     "${splits[0]}" "${splits[1]}" --split "$spec" ${prep_opts[@]+"${prep_opts[@]}"}
-  parse_extra "$name" "$name" "${models[@]}"
-  if [ "$seeds" -gt 1 ]; then parse_extra "$name" "$name.seeds$seeds" "${ensemble[@]}"; fi
+  parse_split "extra_$name" "$work/text-$name" "$name" "$name" 21 "${models[@]}"
+  if [ "$seeds" -gt 1 ]; then
+    parse_split "extra_$name.seeds$seeds" "$work/text-$name" "$name" "$name.seeds$seeds" 21 \
+      "${ensemble[@]}"
+  fi
 done
 
 if [ "$dry_run" = 0 ]; then
