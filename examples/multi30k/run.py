@@ -141,12 +141,6 @@ WIDE_TUNE = tuple((b, a) for b in (4, 5) for a in (0.6, 1.0, 1.5, 2.0))
 # below the plain recipe (examples/multi30k/README.md, "Variants").
 RECIPES["literature-rdrop"] = replace(RECIPES["literature"], rdrop_alpha=5.0, max_tokens=2048,
                                       tune=WIDE_TUNE)
-# The literature recipe at the 2-hour budget: 11,000 updates of 4,096 tokens, 1.375 times the
-# plain recipe's tokens (Wu et al. trained on twice them; their 16,000 batch-equivalents do not
-# fit 2 hours here), on 2 threads of an AMD EPYC at about 1.65 updates/s. Same schedule, so the
-# learning rate goes on decaying by the inverse square root (0.0021 at update 11,000); the
-# last 10 checkpoints (updates 9,200-11,000) averaged.
-RECIPES["literature-long"] = replace(RECIPES["literature"], max_update=11000, tune=WIDE_TUNE)
 
 
 def get_raw(name: str, dest: Path, source_dir: Path | None, verify: bool) -> None:
