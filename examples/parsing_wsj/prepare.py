@@ -18,6 +18,9 @@ test=2300-2399 (23). For each split it writes:
                             the train split replaced by their shape (UNK-Cap, UNK-NUM,
                             UNK-low-ing; nmt/tasks/signatures.py), the source to train on; the
                             lexicalized targets (--leaves words) then carry them as leaves too
+
+--substitute K appends to the train split K rounds of new trees made from its own by
+substructure substitution (nmt/tasks/augment.py); the signatures count the original trees.
 """
 
 from __future__ import annotations
@@ -57,20 +60,30 @@ DEFAULT_SPLITS = ("train=0001-0159", "valid=0160-0169", "test=0170-0179")
               metavar="N", help="Keep only the first N sentences of the train split (in file "
                                 "order; the signatures count those only): for learning "
                                 "curves. 0: all.")
+@click.option("--substitute", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="K", help="Add K rounds of new training trees made by substructure "
+                                "substitution: in each, every training tree gets one of its "
+                                "phrases replaced by a phrase of the same label from another "
+                                "training tree (Shi et al. 2021). Train split only. 0: no.")
+@click.option("--substitute-seed", type=int, default=1, show_default=True,
+              help="Seed of --substitute's choices.")
 @handle_errors("prepare.py")
-def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves, signatures, train_sentences):
+def main(inputs, out_dir, splits, src_suffix, tgt_suffix, leaves, signatures, train_sentences,
+         substitute, substitute_seed):
     """Read TREEBANK files or directories (searched for *.mrg) and write OUT_DIR/{split}.*"""
     setup_logging()
     specs = [SplitSpec.parse(s) for s in (splits or DEFAULT_SPLITS)]
     summary = prepare_treebank(inputs, out_dir, specs, src_suffix, tgt_suffix, leaves,
-                               signatures, train_sentences)
+                               signatures, train_sentences, substitute, substitute_seed)
     for name, info in summary.items():
         words = read_lines(Path(out_dir) / f"{name}.{src_suffix}")
         tags = read_lines(Path(out_dir) / f"{name}.tags")
         with atomic_write(Path(out_dir) / f"{name}.rb", "w") as fh:
             for w, t in zip(words, tags):
                 fh.write(to_string(right_branching(w.split(), t.split())) + "\n")
-        click.echo(f"{name}: {info['files']} files, {info['sentences']} sentences, "
+        made = (f" ({info['substituted']} of them by substitution)"
+                if "substituted" in info else "")
+        click.echo(f"{name}: {info['files']} files, {info['sentences']} sentences{made}, "
                    f"{info['words']} words", err=True)
 
 

@@ -27,6 +27,10 @@
 #                   a few updates (seconds on a CPU); TREEBANK may be left out
 #   --train-sentences N  train on the first N training sentences only (a learning curve:
 #                   one WORK_DIR per N; examples/parsing_wsj/learning_curve.py draws it)
+#   --substitute K  add K rounds of new training trees made by substructure substitution (a
+#                   phrase replaced by one of the same label from another training tree; Shi
+#                   et al. 2021): K=1 about doubles the train split (README: "More trees
+#                   from the same treebank")                                [0: off]
 #   --rdrop-alpha A R-Drop (nmt-train --rdrop-alpha): each batch passed twice with different
 #                   dropout masks, A times the symmetric KL divergence of the two added to the
 #                   loss; the batch is the same, so an update does twice the model's work
@@ -38,7 +42,7 @@
 #   --extra-test NAME=FIRST-LAST  also parse treebank files FIRST-LAST (by the number in
 #                   their name) as the test split is parsed, and score them: the single
 #                   model, and the seeds' ensemble with --seeds; prepared in WORK/text-NAME
-#                   beside the same train split, so with the same vocabulary and signatures
+#                   beside the (original) train split, so with the same signatures
 #                   (repeatable; adding one to a finished WORK_DIR parses only those files)
 #
 # Each step leaves WORK_DIR/.done/STEP, recording its command, when it finished: the next run
@@ -57,6 +61,7 @@ prep_opts=()
 src=words
 max_update="${MAX_UPDATE:-}"
 train_sentences=""
+substitute=0
 rdrop_alpha=0
 seeds=1
 extra_tests=()
@@ -72,6 +77,7 @@ while [ $# -gt 0 ]; do
     --tiny) tiny=1; shift ;;
     --sample) sample=1; shift ;;
     --train-sentences) train_sentences="${2:?--train-sentences needs a number}"; shift 2 ;;
+    --substitute) substitute="${2:?--substitute needs a number}"; shift 2 ;;
     --rdrop-alpha) rdrop_alpha="${2:?--rdrop-alpha needs a number}"; shift 2 ;;
     --seeds) seeds="${2:?--seeds needs a number}"; shift 2 ;;
     --extra-test) extra_tests+=("${2:?--extra-test needs NAME=FIRST-LAST}"); shift 2 ;;
@@ -86,6 +92,9 @@ for v in "$gpus" "${max_update:-1}" "${train_sentences:-1}" "$seeds"; do
     ''|*[!0-9]*|0*) echo "run.sh: error: --gpus, --max-update, --train-sentences and --seeds take positive numbers" >&2; exit 2 ;;
   esac
 done
+case "$substitute" in
+  ''|*[!0-9]*|0?*) echo "run.sh: error: --substitute takes a number >= 0, got '$substitute'" >&2; exit 2 ;;
+esac
 case "$rdrop_alpha" in
   ''|.|*[!0-9.]*|*.*.*) echo "run.sh: error: --rdrop-alpha takes a number >= 0, got '$rdrop_alpha'" >&2; exit 2 ;;
 esac
@@ -285,6 +294,18 @@ if [ -e "$work/.done/prepare" ] || [ -s "$work/.train-sentences" ]; then
     exit 2
   fi
 fi
+# So is the number of substitution rounds, for the same reason (no file: 0). Only the train
+# split of step 1 gets them: --extra-test's preparation needs the signatures alone, which
+# count the original trees.
+sub_opts=()
+if [ "$substitute" != 0 ]; then sub_opts=(--substitute "$substitute"); fi
+if [ -e "$work/.done/prepare" ] || [ -s "$work/.substitute" ]; then
+  made=0; [ -s "$work/.substitute" ] && made="$(cat "$work/.substitute")"
+  if [ "$made" != "$substitute" ]; then
+    echo "run.sh: error: $work was made with --substitute $made, not $substitute; give another WORK_DIR" >&2
+    exit 2
+  fi
+fi
 
 # A work dir holds one R-Drop alpha as well: nmt-train resumes from checkpoint_last.pt, so
 # another alpha would continue (or, finished, keep) the model trained with the first one;
@@ -299,9 +320,13 @@ if [ -e "$work/.done/train" ] || [ -e "$ckpt/checkpoint_last.pt" ] || [ -s "$wor
 fi
 
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).
-step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}" ${prep_opts[@]+"${prep_opts[@]}"}
+step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}" \
+  ${prep_opts[@]+"${prep_opts[@]}"} ${sub_opts[@]+"${sub_opts[@]}"}
 if [ "$dry_run" != 1 ] && [ ! -s "$work/.train-sentences" ]; then
   echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
+fi
+if [ "$dry_run" != 1 ] && [ ! -s "$work/.substitute" ]; then
+  echo "$substitute" > "$work/.substitute.tmp" && mv "$work/.substitute.tmp" "$work/.substitute"
 fi
 
 # 2. Source: words, no subwords (tree constraints count source tokens as words): a 16k

@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 
 from nmt.errors import NmtError
 from nmt.io import atomic_write, iter_lines
+from nmt.tasks.augment import substitution_copies
 from nmt.tasks.signatures import Signatures
 from nmt.tasks.trees import Tree, list_treebank_files, read_treebank_file, to_string, with_root
 
@@ -191,7 +192,8 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
                      splits: Sequence[SplitSpec], src_suffix: str = "words",
                      tgt_suffix: str = "lin", leaves: str = "xx",
                      signatures: int = 0,
-                     train_sentences: int = 0) -> dict[str, dict[str, int]]:
+                     train_sentences: int = 0,
+                     substitute: int = 0, substitute_seed: int = 1) -> dict[str, dict[str, int]]:
     """Write, per split, ``{split}.{src_suffix}`` (words), ``{split}.{tgt_suffix}`` (linearized
     trees, :func:`linearize` with ``leaves``), ``{split}.gold`` (one normalized tree per line,
     rooted at TOP) and ``{split}.tags``.
@@ -203,7 +205,13 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     ``train_sentences`` N > 0: the ``train`` split keeps only its first N sentences (in file
     order), before the signatures count its words; for learning curves.
 
-    Returns {split: {"files": n, "sentences": n, "words": n}}.
+    ``substitute`` K > 0: the ``train`` split is followed by K rounds of new trees made from
+    its own by substructure substitution (:func:`nmt.tasks.augment.substitution_copies`, seeded
+    by ``substitute_seed``); the signatures count the words of the original trees only, and
+    the other splits are as they were.
+
+    Returns {split: {"files": n, "sentences": n, "words": n}} (sentences: originals and new
+    trees; with ``substitute``, the train split's "substituted": the new trees).
     """
     files = list_treebank_files(inputs)
     if not files:
@@ -234,6 +242,14 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     if signatures:
         sig = Signatures.from_sentences(
             (t.words() for t in read["train"][1]), signatures)
+    added = 0
+    if substitute:
+        if "train" not in read:
+            raise NmtError("--substitute adds trees to the 'train' split: give --split train=...")
+        n_files, trees = read["train"]
+        new = substitution_copies(trees, substitute, substitute_seed)
+        added = len(new)
+        read["train"] = (n_files, trees + new)
     summary: dict[str, dict[str, int]] = {}
     for name, (n_files, trees) in read.items():
         files_out = _split_lines(trees, leaves, sig)
@@ -243,6 +259,8 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
                 fh.write("".join(line + "\n" for line in lines))
         summary[name] = {"files": n_files, "sentences": len(trees),
                          "words": sum(len(s.split()) for s in files_out["src"])}
+        if name == "train" and substitute:
+            summary[name]["substituted"] = added
         log.info("%s: %d files, %d sentences", name, n_files, len(trees))
     return summary
 
