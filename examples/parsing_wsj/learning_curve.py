@@ -49,9 +49,10 @@ def point(work: Path) -> dict:
     if not all(p.exists() for p in (train, test, gold, done / "score")):
         raise NmtError(f"{work}: not a finished run.sh work dir (no text/train.words, "
                        f"text/test.gold, results/bracket_f1.txt or .done/score)")
-    made = work / ".substitute"
-    if made.exists() and made.read_text(encoding="utf-8").strip() not in ("", "0"):
-        raise NmtError(f"{work}: made with --substitute {made.read_text().strip()}: its train "
+    marker = work / ".substitute"
+    made = marker.read_text(encoding="utf-8").strip() if marker.exists() else ""
+    if made not in ("", "0"):
+        raise NmtError(f"{work}: made with --substitute {made}: its train "
                        f"split holds new trees beside the treebank's, so it is no point of a "
                        f"curve over treebank sentences")
     with open(train, encoding="utf-8") as f:

@@ -284,28 +284,33 @@ fi
 # size's checkpoint_last.pt and list its checkpoints in the ensemble; refused (dry runs too).
 if [ -n "$train_sentences" ]; then prep_opts+=(--train-sentences "$train_sentences"); fi
 size="${train_sentences:-all}"
-# The size file is written once a prepare succeeded and checked whenever it is there (a rerun
-# that redoes prepare removes its marker first; stopped then, the size file still holds).
-if [ -e "$work/.done/prepare" ] || [ -s "$work/.train-sentences" ]; then
-  # (a folder prepared before this option existed has no size file: all sentences)
-  made=all; [ -s "$work/.train-sentences" ] && made="$(cat "$work/.train-sentences")"
-  if [ "$made" != "$size" ]; then
-    echo "run.sh: error: $work was made with --train-sentences $made, not $size; give another WORK_DIR" >&2
-    exit 2
+# made_with OPTION VALUE DEFAULT: the work dir's data was prepared with OPTION VALUE, or is
+# refused. WORK/.OPTION is written once a prepare succeeded (record_made) and checked
+# whenever it is there (a rerun that redoes prepare removes its marker first; stopped then,
+# the file still holds); a folder prepared before OPTION existed has none: DEFAULT.
+made_with() {
+  local file="$work/.$1" made="$3"
+  if [ -e "$work/.done/prepare" ] || [ -s "$file" ]; then
+    [ -s "$file" ] && made="$(cat "$file")"
+    if [ "$made" != "$2" ]; then
+      echo "run.sh: error: $work was made with --$1 $made, not $2; give another WORK_DIR" >&2
+      exit 2
+    fi
   fi
-fi
-# So is the number of substitution rounds, for the same reason (no file: 0). Only the train
-# split of step 1 gets them: --extra-test's preparation needs the signatures alone, which
-# count the original trees.
+}
+record_made() {
+  local file="$work/.$1"
+  if [ "$dry_run" != 1 ] && [ ! -s "$file" ]; then
+    echo "$2" > "$file.tmp" && mv "$file.tmp" "$file"
+  fi
+}
+made_with train-sentences "$size" all
+# So is the number of substitution rounds, for the same reason. Only the train split of
+# step 1 gets them: --extra-test's preparation needs the signatures alone, which count the
+# original trees.
+made_with substitute "$substitute" 0
 sub_opts=()
 if [ "$substitute" != 0 ]; then sub_opts=(--substitute "$substitute"); fi
-if [ -e "$work/.done/prepare" ] || [ -s "$work/.substitute" ]; then
-  made=0; [ -s "$work/.substitute" ] && made="$(cat "$work/.substitute")"
-  if [ "$made" != "$substitute" ]; then
-    echo "run.sh: error: $work was made with --substitute $made, not $substitute; give another WORK_DIR" >&2
-    exit 2
-  fi
-fi
 
 # A work dir holds one R-Drop alpha as well: nmt-train resumes from checkpoint_last.pt, so
 # another alpha would continue (or, finished, keep) the model trained with the first one;
@@ -322,12 +327,8 @@ fi
 # 1. Trees -> words / linearized trees (examples/parsing_wsj/prepare.py, see README).
 step prepare python3 "$here/prepare.py" "$treebank" "$data" "${splits[@]}" \
   ${prep_opts[@]+"${prep_opts[@]}"} ${sub_opts[@]+"${sub_opts[@]}"}
-if [ "$dry_run" != 1 ] && [ ! -s "$work/.train-sentences" ]; then
-  echo "$size" > "$work/.train-sentences.tmp" && mv "$work/.train-sentences.tmp" "$work/.train-sentences"
-fi
-if [ "$dry_run" != 1 ] && [ ! -s "$work/.substitute" ]; then
-  echo "$substitute" > "$work/.substitute.tmp" && mv "$work/.substitute.tmp" "$work/.substitute"
-fi
+record_made train-sentences "$size"
+record_made substitute "$substitute"
 
 # 2. Source: words, no subwords (tree constraints count source tokens as words): a 16k
 #    vocabulary, or for --sample the words seen at least twice. The target is the bracket

@@ -218,6 +218,8 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
         raise NmtError("no .mrg files found in the given inputs")
     if signatures and "train" not in {s.name for s in splits}:
         raise NmtError("signatures count the words of the 'train' split: give --split train=...")
+    if substitute and "train" not in {s.name for s in splits}:
+        raise NmtError("--substitute adds trees to the 'train' split: give --split train=...")
     if signatures and "sig" in (src_suffix, tgt_suffix):
         raise NmtError("with signatures, 'sig' is the suffix of the signature files: choose "
                        "another source or target suffix")
@@ -242,13 +244,10 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     if signatures:
         sig = Signatures.from_sentences(
             (t.words() for t in read["train"][1]), signatures)
-    added = 0
+    new: list[Tree] = []
     if substitute:
-        if "train" not in read:
-            raise NmtError("--substitute adds trees to the 'train' split: give --split train=...")
         n_files, trees = read["train"]
         new = substitution_copies(trees, substitute, substitute_seed)
-        added = len(new)
         read["train"] = (n_files, trees + new)
     summary: dict[str, dict[str, int]] = {}
     for name, (n_files, trees) in read.items():
@@ -259,9 +258,9 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
                 fh.write("".join(line + "\n" for line in lines))
         summary[name] = {"files": n_files, "sentences": len(trees),
                          "words": sum(len(s.split()) for s in files_out["src"])}
-        if name == "train" and substitute:
-            summary[name]["substituted"] = added
         log.info("%s: %d files, %d sentences", name, n_files, len(trees))
+    if substitute:
+        summary["train"]["substituted"] = len(new)
     return summary
 
 
