@@ -15,7 +15,6 @@ result depends only on the trees, the number of copies and the seed.
 from __future__ import annotations
 
 import random
-from collections import Counter
 from typing import Sequence
 
 from nmt.tasks.trees import Tree
@@ -66,40 +65,42 @@ def substitution_copies(trees: Sequence[Tree], copies: int, seed: int = 1) -> li
     if copies < 0:
         raise ValueError(f"copies must be >= 0, got {copies}")
     # every label's phrases in tree order, so that one tree's phrases of a label form one
-    # block, pool[label][first[label, i]:first[label, i] + own]: a donor from another tree is
-    # drawn uniformly by skipping that block
+    # block, pool[label][start:start + count] with (start, count) = block[label, i]: a donor
+    # from another tree is drawn uniformly by skipping that block
     pool: dict[str, list[Tree]] = {}
-    first: dict[tuple[str, int], int] = {}
+    block: dict[tuple[str, int], tuple[int, int]] = {}
     for i, tree in enumerate(trees):
         for parent, k in phrase_slots(tree):
             node = parent.children[k]
             phrases = pool.setdefault(node.label, [])                # type: ignore[union-attr]
-            first.setdefault((node.label, i), len(phrases))          # type: ignore[union-attr]
+            start, count = block.get((node.label, i), (len(phrases), 0))  # type: ignore[union-attr]
+            block[node.label, i] = (start, count + 1)                # type: ignore[union-attr]
             phrases.append(node)                                     # type: ignore[arg-type]
     rng = random.Random(seed)
     out: list[Tree] = []
     for _ in range(copies):
         for i, tree in enumerate(trees):
-            new = _substitute_one(tree, i, pool, first, rng)
+            new = _substitute_one(tree, i, pool, block, rng)
             if new is not None:
                 out.append(new)
     return out
 
 
 def _substitute_one(tree: Tree, index: int, pool: dict[str, list[Tree]],
-                    first: dict[tuple[str, int], int], rng: random.Random) -> Tree | None:
+                    block: dict[tuple[str, int], tuple[int, int]],
+                    rng: random.Random) -> Tree | None:
     new = copy_tree(tree)
-    slots = phrase_slots(new)
-    own = Counter(p.children[k].label for p, k in slots)             # type: ignore[union-attr]
     # a phrase can be replaced when its label has phrases in other trees too
-    slots = [(p, k) for p, k in slots
-             if len(pool[p.children[k].label]) > own[p.children[k].label]]  # type: ignore[union-attr]
+    slots = [(p, k) for p, k in phrase_slots(new)
+             if len(pool[p.children[k].label])                       # type: ignore[union-attr]
+             > block[p.children[k].label, index][1]]                 # type: ignore[union-attr]
     if not slots:
         return None
     parent, k = slots[rng.randrange(len(slots))]
     old = parent.children[k]
     label = old.label                                                # type: ignore[union-attr]
-    donors, lo, n_own = pool[label], first[label, index], own[label]
+    donors = pool[label]
+    lo, n_own = block[label, index]
     old_words = old.words()                                          # type: ignore[union-attr]
     for _ in range(_TRIES):
         r = rng.randrange(len(donors) - n_own)
