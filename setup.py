@@ -19,8 +19,9 @@ setup(
     package_data={"nmt": ["resources/*", "resources/**/*"]},
     include_package_data=True,
     install_requires=[
-        # torch==2.13.0 is a CPU build on local disk here; an open range could pull a multi-GB
-        # CUDA build. Users with GPUs install their own torch>=2.2 first; pip then keeps it.
+        # The README's commands pin torch==2.13.0 (the tested version); a bare requirement could
+        # pull a multi-GB CUDA build. Users with GPUs install their own torch>=2.2 first; pip
+        # then keeps it.
         "torch>=2.2,<2.14",
         "sentencepiece>=0.2,<0.3",
         "tokenizers>=0.19,<0.24",

@@ -6,7 +6,7 @@ The input's first --lines lines (default: all) are replicated 1x, 10x and 100x i
 file, then the real console command translates each into --output while a sampler adds up the
 RSS of its process tree every 20 ms. Greedy (--beam 1) by default, to keep it quick.
 
-    python benchmarks/bench_generate_memory.py CKPT --input ../shared/data/multi30k/test_2016_flickr.en
+    python benchmarks/bench_generate_memory.py CKPT --input MULTI30K/test_2016_flickr.en
     python benchmarks/bench_generate_memory.py CKPT --input FILE --quick      # 1x, 2x of 100 lines
     python benchmarks/bench_generate_memory.py CKPT --input FILE --json r.json --write B.md
 

@@ -10,7 +10,7 @@ second run: nmt translates each line the same whatever its batch or chunk (tests
 test_translator.py), so the uninterrupted file is the 1x translation repeated --times times;
 that 1x translation is made by the same command on the 1x file.
 
-    python benchmarks/bench_generate_resume.py CKPT --input ../shared/data/multi30k/test_2016_flickr.en
+    python benchmarks/bench_generate_resume.py CKPT --input MULTI30K/test_2016_flickr.en
     python benchmarks/bench_generate_resume.py CKPT --input FILE --quick     # 100 lines x 30
 
 Prints a markdown table; --json writes the figures.

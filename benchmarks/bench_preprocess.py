@@ -5,7 +5,7 @@ The training data DATA/train.{src,tgt} is replicated 1x, 10x and 50x into a temp
 (Multi30k: 29k, 290k, 1.45M pairs), then the real console command runs on each while a sampler
 adds up the RSS of its whole process tree (main process and encoding workers) every 20 ms.
 
-    python benchmarks/bench_preprocess.py ../shared/data/multi30k            # 1x, 10x, 50x
+    python benchmarks/bench_preprocess.py MULTI30K            # 1x, 10x, 50x
     python benchmarks/bench_preprocess.py DATA --quick                        # 1x of 2000 lines
     python benchmarks/bench_preprocess.py DATA --write BENCHMARKS.md          # append the table
 

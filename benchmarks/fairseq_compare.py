@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fairseq 0.12.2 side by side with nmt, in its own virtual environment, or the issue's figures.
+"""fairseq 0.12.2 side by side with nmt, in its own virtual environment, or recorded reference figures.
 
     python benchmarks/fairseq_compare.py --work /tmp/fs --bin DATA_BIN            # JSON on stdout
     python benchmarks/fairseq_compare.py --work /tmp/fs --setup-only
@@ -13,7 +13,7 @@ torch and Cython). Either way omegaconf 2.0 has metadata that pip >= 24.1 reject
 pinned below that), and the BetterTransformer fast path of its encoder fails with current torch
 at generation (it is switched off in the installed copy). Any failure (no Python 3.8 or 3.10,
 no network, only CUDA builds of torch reachable, a build error, a time limit) skips with a
-one-line reason, and the harness compares with REFERENCE, the figures of the issue.
+one-line reason, and the harness compares with REFERENCE, figures recorded once on a 2-core AMD EPYC.
 
 The measured run uses the nmt binarized data (DATA_BIN from nmt-preprocess): its subword ids
 are written back as symbols, binarized by fairseq-preprocess with nmt's own dictionary, and
@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 FAIRSEQ_VERSION = "0.12.2"
 TORCH_VERSION = "2.5.1"          # built from source on Python 3.10
 WHEEL_TORCH_VERSION = "2.4.1"    # the binary wheel on Python 3.8: the last torch for 3.8
-REF_SOURCE = "reference figures from the issue, same machine kind, not measured in this run"
+REF_SOURCE = "recorded reference figures, a 2-core AMD EPYC, not measured in this run"
 # The M30K-small runs (transformer_small size, Multi30k en-de, 2 threads, max tokens 4096).
 REFERENCE = {
     "fairseq": {"train_tgt_tokens_per_s": 2036.0, "train_updates": 1000, "train_seconds": 1739.0,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """JoeyNMT 2.3.0 measured side by side with nmt, in its own virtual environment.
 
-    python benchmarks/joeynmt_compare.py --work /tmp/joey --data ../shared/data/multi30k   # JSON
+    python benchmarks/joeynmt_compare.py --work /tmp/joey --data MULTI30K   # JSON
     python benchmarks/joeynmt_compare.py --work /tmp/joey --setup-only
     python benchmarks/joeynmt_compare.py --work /tmp/joey --data DIR --updates 10 --threads 1 \\
         --gen-limit 100                                     # a quick check of the harness

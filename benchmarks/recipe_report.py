@@ -3,7 +3,7 @@
 
     python benchmarks/recipe_report.py runs/m30k-de --name "Multi30k en-de, converge" \
         --log checkpoints-converge/train_log.jsonl --scores results-converge/scores.txt \
-        --command "python examples/multi30k/run.py ../shared/data/multi30k --recipe converge" \
+        --command "python examples/multi30k/run.py MULTI30K --recipe converge" \
         --picture docs/curves/m30k_converge_en_de.png --out BENCHMARKS.md --marker m30k-de
 
 Everything it prints is read from the run's own files: train_log.jsonl (validation loss and

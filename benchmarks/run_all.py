@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the whole benchmark suite and write its sections of BENCHMARKS.md.
 
-    python benchmarks/run_all.py --data ../shared/data/multi30k --checkpoint CKPT
+    python benchmarks/run_all.py --data MULTI30K --checkpoint CKPT
     python benchmarks/run_all.py --data DIR --quick --out /tmp/B.md     # < 1 minute, for tests
     python benchmarks/run_all.py --data DIR --only train,generate --device cuda --checkpoint CKPT
 
@@ -398,7 +398,7 @@ def parse_args(argv=None):
     ap.add_argument("--beams", default=None, help="beam sizes (default 1,4; GPU 4)")
     ap.add_argument("--fairseq", choices=["auto", "reference"], default=None,
                     help="auto: try to install and run fairseq 0.12.2 (default without --quick); "
-                         "reference: use the issue's figures")
+                         "reference: use the recorded reference figures")
     ap.add_argument("--fairseq-timeout", type=float, default=900,
                     help="seconds allowed for the fairseq install")
     ap.add_argument("--allow-cuda-torch", action="store_true",

@@ -162,8 +162,8 @@ elif [ "$sample" = 1 ]; then
   # limit (2-3 minutes per validation, for F1 near 0).
   # --lr-period 750: after the warm-up the learning rate runs in cosine cycles of 750 updates
   # (warm restarts), so the checkpoints at updates 1750, 2500, ..., 5500, 6250 are annealed
-  # snapshots that the ensemble below is made of (README: annealing lifted a checkpoint's
-  # validation F1 by 3); the run ends at the end of a cycle, on an annealed snapshot.
+  # snapshots that the ensemble below is made of (README: "Then cosine cycles of 750
+  # updates"); the run ends at the end of a cycle, on an annealed snapshot.
   # Length penalty 1.0, in validation and test: chosen on validation F1 (README).
   lenpen=1.0
   train_opts=(--max-tokens 4096 --lr-scale 1.5 --lr-period 750 --save-interval-updates 250
