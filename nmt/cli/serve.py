@@ -22,7 +22,9 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     NAME=CHECKPOINT) over HTTP until SIGTERM or Ctrl-C.
 
     POST /translate with {"text": [...]} (and "model" when several are served; "beam",
-    "lenpen", "max_len_a", "max_len_b", ... as nmt-generate's options, "prefix" and
+    "lenpen", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size", "unkpen",
+    "replace_unk", "diverse_beam_groups", "diverse_beam_strength" as nmt-generate's
+    options, "prefix" and
     "constraints" as its jsonl fields) answers {"translations": [...]}, in order, as
     nmt-generate translates them.
     Concurrent requests with equal decoding options are decoded together (--max-batch-tokens,

@@ -126,8 +126,9 @@ class TrainConfig:
     max_time: float = option(0.0, "Stop after this much wall time of this run: 3600, 90m, 12h, "
                              "HH:MM:SS.", metavar="DURATION", parse=parse_duration,
                              show_default=False)
-    patience: int = option(0, "Stop when this many validations in a row did not improve "
-                           "--best-checkpoint-metric (0: never).")
+    patience: int = option(0, "Stop when this many validations at saves in a row did not "
+                           "improve --best-checkpoint-metric (0: never); the validations of "
+                           "--validate-interval-updates between saves are logged only.")
     # --- checkpoints ---------------------------------------------------------------------------
     save_dir: str = option("checkpoints", "Where checkpoints, train_log.jsonl and curves.png go.")
     save_interval_updates: int = option(0, "Save every N updates (0: at the end of each epoch "
@@ -137,7 +138,8 @@ class TrainConfig:
                             "--average-last; the --average-best and --ensemble-best ones are "
                             "kept too).")
     average_last: int = option(0, "At the end, average the last N checkpoints (paper: 5 base, "
-                               "20 big) into checkpoint_avg<N>.pt.")
+                               "20 big) into checkpoint_avg<N>.pt (N: the number averaged, "
+                               "fewer when fewer were saved; stdout names the file).")
     average_best: int = option(0, "At the end, average the N best checkpoints by "
                                "--best-checkpoint-metric into checkpoint_avg_best<N>.pt.")
     ensemble_best: int = option(0, "Keep the N best checkpoints by --best-checkpoint-metric and "
