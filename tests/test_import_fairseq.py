@@ -19,6 +19,8 @@ from click.testing import CliRunner
 
 from nmt.cli.generate import main as generate_main
 from nmt.cli.import_ import main as import_main
+from nmt.cli.preprocess import main as preprocess_main
+from nmt.cli.train import main as train_main
 from nmt.errors import NmtError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fairseq"
@@ -450,3 +452,53 @@ def test_a_zip_bomb_is_refused_before_it_is_expanded(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "expand to" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_an_imported_model_fine_tunes_on_data_encoded_with_its_own_pipeline(imported,
+                                                                             tmp_path):
+    """nmt-preprocess --reuse-vocab CKPT keeps the import's text pipeline whole (Moses and
+    subword-nmt's BPE codes, a kind nmt does not learn) in the data directory, and
+    nmt-train --init-from starts from the weights: with dropout and label smoothing off and a
+    learning rate of 1e-9, the first validation loss is the import's teacher-forced loss of
+    the same pairs as nmt-generate's scorer computes it."""
+    from nmt.data.datadir import DataDir
+    from nmt.search.forced import score_pairs
+    from nmt.search.translator import Translator
+
+    name = "postnorm_shared"
+    model = imported(name)
+    src = (FIXTURES / name / "test.en").read_text(encoding="utf-8").splitlines()
+    tgt = [h["translation"] for h in fairseq_hyps(name, 1)]
+    for split, rows in (("train", slice(0, 40)), ("valid", slice(40, 50))):
+        (tmp_path / f"{split}.en").write_text("\n".join(src[rows]) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.de").write_text("\n".join(tgt[rows]) + "\n", encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    invoke(preprocess_main, ["-s", "en", "-t", "de", "--trainpref", tmp_path / "train",
+                             "--validpref", tmp_path / "valid", "--reuse-vocab", model,
+                             "--destdir", bin_dir, "--workers", 1])
+    data = DataDir.open(bin_dir)
+    assert data.subword == "subword_nmt" and data.joined
+    translator = Translator.from_checkpoint(model, threads=1)
+    valid = data.load_split("valid")
+    for i, (s, t) in enumerate(zip(src[40:], tgt[40:])):
+        assert list(valid.src(i)) == list(translator.src_codec.encode(s)), s
+        assert list(valid.tgt(i)) == list(translator.tgt_codec.encode(t)), t
+
+    save = tmp_path / "ft"
+    invoke(train_main, [bin_dir, "--init-from", model, "--max-update", 1, "--max-tokens", 500,
+                        "--warmup", 1, "--lr", 1e-9, "--save-dir", save, "--threads", 1,
+                        *[x for k in ("dropout", "attention_dropout", "activation_dropout",
+                                      "label_smoothing") for x in ("--override", f"{k}=0")]])
+    logged = [json.loads(line) for line in (save / "train_log.jsonl").read_text().splitlines()]
+    first = next(r for r in logged if r["kind"] == "valid")
+    scores = score_pairs(translator, src[40:], tgt[40:])
+    n = sum(p.n_tokens for p in scores)
+    assert first["ntokens"] == n
+    assert first["nll_loss"] == pytest.approx(-sum(p.log_prob for p in scores) / n, rel=1e-5)
+    # A damaged pipeline file is one error naming it, not a traceback at training time.
+    (bin_dir / "codec.de.json").write_text('{"version": ', encoding="utf-8")
+    with pytest.raises(NmtError, match=r"codec\.de\.json: unreadable"):
+        DataDir.open(bin_dir)
+    (bin_dir / "codec.de.json").write_text('{"version": 99}', encoding="utf-8")
+    with pytest.raises(NmtError, match=r"codec\.de\.json: unsupported text codec state"):
+        DataDir.open(bin_dir)

@@ -687,3 +687,55 @@ def test_a_dropout_that_is_not_a_probability_is_one_line(marian, tmp_path, value
     r = cli("nmt.cli.import_", "huggingface", d, "-o", tmp_path / "x.pt", ok=False)
     line = one_line_error(r, "nmt-import")
     assert "dropout is" in line and "not a probability" in line
+
+
+def hf_loss(d: Path, model, sources: list[str], targets: list[str]) -> tuple[float, int]:
+    """transformers' mean cross-entropy of the pairs (per target token, the eos included)."""
+    tok = MarianTokenizer.from_pretrained(d)
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s, t in zip(sources, targets):
+            batch = tok([s], text_target=[t], return_tensors="pt")
+            k = batch["labels"].numel()
+            total += model(**batch).loss.item() * k
+            n += k
+    return total / n, n
+
+
+def test_an_imported_model_fine_tunes_on_data_encoded_with_its_own_pipeline(marian, imported,
+                                                                             tmp_path):
+    """nmt-preprocess --reuse-vocab CKPT encodes new pairs as the imported model does (source
+    pieces from source.spm, target pieces from target.spm, ids through vocab.json), and
+    nmt-train --init-from starts from its weights: with dropout and label smoothing off and a
+    learning rate of 1e-9, the first validation loss is transformers' own loss of the pairs."""
+    from nmt.data.datadir import DataDir
+
+    d, model, src, tgt = marian
+    for name, rows in (("train", slice(0, 40)), ("valid", slice(40, 50))):
+        (tmp_path / f"{name}.xx").write_text("\n".join(src[rows]) + "\n", encoding="utf-8")
+        (tmp_path / f"{name}.yy").write_text("\n".join(tgt[rows]) + "\n", encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    cli("nmt.cli.preprocess", "-s", "xx", "-t", "yy", "--trainpref", tmp_path / "train",
+        "--validpref", tmp_path / "valid", "--reuse-vocab", imported, "--destdir", bin_dir,
+        "--workers", 1)
+    data = DataDir.open(bin_dir)
+    assert data.joined                      # one vocab.json: the embeddings stay shared
+    valid = data.load_split("valid")
+    tok = MarianTokenizer.from_pretrained(d)
+    for i, (s, t) in enumerate(zip(src[40:], tgt[40:])):
+        theirs = tok([s], text_target=[t])
+        for side, ids, codec in (("input_ids", valid.src(i), data.src_codec),
+                                 ("labels", valid.tgt(i), data.tgt_codec)):
+            pieces = [codec.dictionary.symbols[j] for j in ids]
+            assert pieces == tok.convert_ids_to_tokens(theirs[side][0])[:-1], (side, s, t)
+
+    save = tmp_path / "ft"
+    cli("nmt.cli.train", bin_dir, "--init-from", imported, "--max-update", 1, "--max-tokens",
+        500, "--warmup", 1, "--lr", 1e-9, "--save-dir", save, "--threads", 1,
+        *[x for k in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing")
+          for x in ("--override", f"{k}=0")])
+    logged = [json.loads(line) for line in (save / "train_log.jsonl").read_text().splitlines()]
+    first = next(r for r in logged if r["kind"] == "valid")
+    loss, n = hf_loss(d, model, src[40:], tgt[40:])
+    assert first["ntokens"] == n
+    assert first["nll_loss"] == pytest.approx(loss, rel=1e-5)

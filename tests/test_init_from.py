@@ -185,3 +185,33 @@ def test_arch_default_is_unchanged_without_init_from():
     cfg = TrainConfig(max_update=1)
     assert cfg.arch is None and cfg.arch_name == "transformer_base"
     assert TrainConfig(arch="transformer_tiny", max_update=1).arch_name == "transformer_tiny"
+
+
+def test_a_checkpoint_lends_its_vocabularies_to_new_data(env, tmp_path):
+    """nmt-preprocess --reuse-vocab CKPT: the new data is encoded as with --reuse-vocab on the
+    data directory the checkpoint was trained on (nmt's own subword kinds stay files, no
+    codec.LANG.json), and the checkpoint fine-tunes on it; the reversed direction is refused
+    in one line."""
+    from nmt.data.datadir import DataDir
+
+    new = env["root"] / "new"
+    out = tmp_path / "bin"
+    r = run(["nmt-preprocess", "-s", "xx", "-t", "yy", "--trainpref", str(new / "train"),
+             "--reuse-vocab", str(env["base"]), "--destdir", str(out)])
+    assert r.returncode == 0, r.stderr
+    got, base = DataDir.open(out), DataDir.open(env["a"])
+    assert got.src_codec.same_as(base.src_codec) and got.tgt_codec.same_as(base.tgt_codec)
+    assert got.joined == base.joined and not list(out.glob("codec.*.json"))
+    for lang in ("xx", "yy"):
+        assert ((out / f"train.{lang}.0.bin").read_bytes()
+                == (Path(env["new"]) / f"train.{lang}.0.bin").read_bytes())
+    code, _, err = cli([str(out), "--init-from", str(env["base"]), *FT, "--max-update", "1",
+                        "--save-dir", str(tmp_path / "ft")])
+    assert code == 0, err
+
+    r = run(["nmt-preprocess", "-s", "yy", "-t", "xx", "--trainpref", str(new / "train"),
+             "--reuse-vocab", str(env["base"]), "--destdir", str(tmp_path / "reversed")])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("nmt-preprocess: error:") and "-s xx -t yy" in lines[0], lines[0]
+    assert not (tmp_path / "reversed").exists()

@@ -23,10 +23,9 @@ from nmt.cli.options import log_options
              context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Import a model trained by another toolkit; nmt-generate, nmt-serve,
-    nmt-export and the Python Translator then take it as any nmt checkpoint (nmt-export's
-    CTranslate2 format does not yet write out a fairseq import's text pipeline; fine-tuning
-    with nmt-train --init-from needs data that nmt-preprocess cannot yet encode with an
-    imported text pipeline)."""
+    nmt-export, nmt-train --init-from (on data encoded by nmt-preprocess --reuse-vocab CKPT)
+    and the Python Translator then take it as any nmt checkpoint (nmt-export's CTranslate2
+    format does not yet write out a fairseq import's text pipeline)."""
 
 
 @main.command("huggingface", cls=Command, prog="nmt-import huggingface")

@@ -17,11 +17,13 @@ from nmt.data.codec import TextCodec
 from nmt.data.dictionary import Dictionary
 from nmt.data.indexed import IndexedDataset, ParallelDataset, shard_prefix
 from nmt.data.metaschema import check_meta, confined
-from nmt.data.subword import load_model
+from nmt.data.subword import SentencePieceBPE, Whitespace, WordPiece, load_model
 from nmt.errors import NmtError
 from nmt.io import write_text_atomic
 
 FORMAT_VERSION = 1
+# The subword model class that a kind's file (subword.LANG.*) is read back as.
+_FILE_KINDS = {"bpe": SentencePieceBPE, "wordpiece": WordPiece, "none": Whitespace}
 META = "meta.json"
 _SPLIT_RE = re.compile(r"^(train|valid|test)\d*$")
 
@@ -36,19 +38,56 @@ def split_sort_key(name: str) -> tuple[int, int]:
     return (("train", "valid", "test").index(base), int(num) + 1 if num else 0)
 
 
+def stored_as_files(codec: TextCodec) -> bool:
+    """Whether dict.LANG.txt and the subword model's own file rebuild ``codec``: nmt's own
+    kinds do. An imported text pipeline (another toolkit's subwords, Marian's vocabulary over
+    a sentencepiece model, Moses options other than the defaults) is kept whole instead, as
+    its plain state in codec.LANG.json, the form a checkpoint holds it in."""
+    return (type(codec.subword) is _FILE_KINDS.get(codec.subword.kind)
+            and codec.moses_options is None)
+
+
 def codec_files(codec: TextCodec, lang: str) -> dict[str, Any]:
-    return {"dict": f"dict.{lang}.txt",
-            "model": f"subword.{lang}{codec.subword.suffix}" if codec.subword.suffix else None,
-            "size": len(codec.dictionary), "moses_lang": codec.moses_lang}
+    files = stored_as_files(codec)
+    entry = {"dict": f"dict.{lang}.txt",
+             "model": (f"subword.{lang}{codec.subword.suffix}"
+                       if files and codec.subword.suffix else None),
+             "size": len(codec.dictionary), "moses_lang": codec.moses_lang}
+    if not files:
+        entry["codec"] = f"codec.{lang}.json"
+    return entry
 
 
 def write_codec(directory: Path, lang: str, codec: TextCodec) -> dict[str, Any]:
-    """Save dict.{lang}.txt and subword.{lang}.* into ``directory``; returns the meta entry."""
+    """Save dict.{lang}.txt and subword.{lang}.* (or codec.{lang}.json) into ``directory``;
+    returns the meta entry."""
     entry = codec_files(codec, lang)
     codec.dictionary.save(Path(directory) / entry["dict"])
     if entry["model"]:
         codec.subword.save(Path(directory) / entry["model"])
+    if entry.get("codec"):
+        write_text_atomic(Path(directory) / entry["codec"],
+                          json.dumps(codec.to_state(), ensure_ascii=False) + "\n")
     return entry
+
+
+def _read_whole_codec(directory: Path, entry: dict[str, Any], lang: str,
+                      dictionary: Dictionary, dict_path: Path, meta_path: Path) -> TextCodec:
+    """The codec kept whole in codec.{lang}.json (see stored_as_files)."""
+    path = confined(directory, entry["codec"], f"vocab.{lang}.codec", meta_path)
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        codec = TextCodec.from_state(state)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NmtError(f"{path}: unreadable ({' '.join(str(e).split())})") from None
+    except NmtError as e:
+        raise NmtError(f"{path}: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise NmtError(f"{path}: not a text pipeline nmt-preprocess wrote "
+                       f"({type(e).__name__}: {' '.join(str(e).split())[:60]})") from None
+    if codec.dictionary != dictionary:
+        raise NmtError(f"{dict_path}: does not match the text pipeline in {path}")
+    return codec
 
 
 def read_codec(directory: Path, kind: str, entry: dict[str, Any], lang: str) -> TextCodec:
@@ -57,6 +96,8 @@ def read_codec(directory: Path, kind: str, entry: dict[str, Any], lang: str) -> 
     meta_path = directory / META
     dict_path = confined(directory, entry["dict"], f"vocab.{lang}.dict", meta_path)
     dictionary = Dictionary.load(dict_path)
+    if entry.get("codec"):
+        return _read_whole_codec(directory, entry, lang, dictionary, dict_path, meta_path)
     model_path = (confined(directory, entry["model"], f"vocab.{lang}.model", meta_path)
                   if entry.get("model") else None)
     subword = load_model(kind, model_path, dictionary)
@@ -90,7 +131,11 @@ class DataDir:
         vocab = meta["vocab"]
         self.src_codec: TextCodec = read_codec(self.path, self.subword, vocab[self.src_lang],
                                                 self.src_lang)
-        if self.joined and vocab[self.tgt_lang].get("moses_lang") == self.src_codec.moses_lang:
+        # Joined: one dictionary. The codec itself is shared when nothing else tells the sides
+        # apart (an imported pipeline, kept whole, may have a subword model for each side).
+        if (self.joined and vocab[self.tgt_lang].get("moses_lang") == self.src_codec.moses_lang
+                and not vocab[self.src_lang].get("codec")
+                and not vocab[self.tgt_lang].get("codec")):
             self.tgt_codec: TextCodec = self.src_codec
         else:
             self.tgt_codec = read_codec(self.path, self.subword, vocab[self.tgt_lang],

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nmt.data.subword import KINDS
+from nmt.data.subword import IMPORTED_KINDS, KINDS
 from nmt.errors import NmtError
 from nmt.tasks.task import TASKS
 
@@ -78,13 +78,17 @@ class MetaChecker:
         if src == tgt:
             raise self.error("tgt_lang", f"is the source language too ({_show(src)})")
         self.typed(meta["joined"], "joined", bool, "true or false")
-        if meta["subword"] not in KINDS:
-            raise self.error("subword", f"must be one of {', '.join(KINDS)}, got "
+        vocab = self.typed(meta["vocab"], "vocab", dict, "an object")
+        # A text pipeline kept whole (codec.LANG.json: an imported model's) may be of a kind
+        # nmt does not learn itself.
+        whole = all(isinstance(v, dict) and v.get("codec") is not None for v in vocab.values())
+        kinds = KINDS + IMPORTED_KINDS if whole else KINDS
+        if meta["subword"] not in kinds:
+            raise self.error("subword", f"must be one of {', '.join(kinds)}, got "
                                         f"{_show(meta['subword'])}")
         if meta["dtype"] not in DTYPES:
             raise self.error("dtype", f"must be one of {', '.join(DTYPES)}, got "
                                       f"{_show(meta['dtype'])}")
-        vocab = self.typed(meta["vocab"], "vocab", dict, "an object")
         for lang in (src, tgt):
             if lang not in vocab:
                 raise self.error("vocab", f"has no entry for language {_show(lang)}")
@@ -102,7 +106,9 @@ class MetaChecker:
             raise self.error(field, "has no 'dict' (the dictionary's file name)")
         self.file_name(entry["dict"], f"{field}.dict")
         model = entry.get("model")
-        if kind != "none" and model is None:
+        if entry.get("codec") is not None:
+            self.file_name(entry["codec"], f"{field}.codec")
+        elif kind != "none" and model is None:
             raise self.error(f"{field}.model", f"is missing: a {kind} data directory needs "
                                                f"its subword model")
         if model is not None:

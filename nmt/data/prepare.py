@@ -98,8 +98,9 @@ class PreprocessConfig:
         "one of linearized trees, else translation.", choices=("auto", *TASKS))
     reuse_vocab: str | None = option(
         None, "Reuse both codecs (subword models and dictionaries) of an existing data "
-        "directory, so new data is encoded identically (fine-tuning, new test sets).",
-        metavar="DIR")
+        "directory, or the text pipeline of a checkpoint (nmt's or an imported one: OPUS-MT, "
+        "fairseq), so new data is encoded identically (fine-tuning with nmt-train "
+        "--init-from, new test sets).", metavar="DIR|CKPT")
     srcdict: str | None = option(
         None, "Reuse a source dictionary: DIR/dict.LANG.txt of a data directory (its subword "
         "model comes along), or a plain 'symbol count' file with --subword none.",
@@ -363,21 +364,42 @@ def _codec_from_dict_path(path: str, kind: str | None, moses_lang: str | None) -
     return whitespace_codec(dictionary, moses_lang)
 
 
+def _checkpoint_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool, str]:
+    """--reuse-vocab CKPT: the checkpoint's (source, target) codecs, whether they share one
+    dictionary, and what to call them in errors. Its source codec encodes the -s files."""
+    from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint
+
+    ckpt = load_checkpoint(cfg.reuse_vocab, mmap=True)      # weights_only; weights unread
+    name = f"the checkpoint {cfg.reuse_vocab}"
+    src, tgt = codecs_from_checkpoint(ckpt, cfg.reuse_vocab)
+    pair = (ckpt.get("src_lang"), ckpt.get("tgt_lang"))
+    if (cfg.target_lang, cfg.source_lang) == pair:
+        raise UsageError(f"{cfg.reuse_vocab} translates {pair[0]}->{pair[1]}: give "
+                         f"-s {pair[0]} -t {pair[1]} (its source pipeline encodes -s's files)")
+    return src, tgt, src.dictionary == tgt.dictionary, name
+
+
 def _reused_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool] | None:
     s, t = cfg.source_lang, cfg.target_lang
     if cfg.reuse_vocab:
-        dd = DataDir.open(cfg.reuse_vocab)
-        for lang in (s, t):
-            if lang not in (dd.src_lang, dd.tgt_lang):
-                raise NmtError(f"{dd.path} has languages {dd.src_lang}, {dd.tgt_lang}; "
-                               f"'{lang}' is not one of them")
-        src, tgt = dd.codec(s), dd.codec(t)
+        if not Path(cfg.reuse_vocab).exists():
+            raise NmtError(f"{cfg.reuse_vocab}: no such data directory or checkpoint "
+                           f"(--reuse-vocab)")
+        if Path(cfg.reuse_vocab).is_file():
+            src, tgt, joined, name = _checkpoint_codecs(cfg)
+        else:
+            dd = DataDir.open(cfg.reuse_vocab)
+            for lang in (s, t):
+                if lang not in (dd.src_lang, dd.tgt_lang):
+                    raise NmtError(f"{dd.path} has languages {dd.src_lang}, {dd.tgt_lang}; "
+                                   f"'{lang}' is not one of them")
+            src, tgt, joined, name = dd.codec(s), dd.codec(t), dd.joined, f"({dd.path})"
         for option, given, there in (("--moses", cfg.moses, src.moses_lang is not None),
-                                     ("--joined-dictionary", cfg.joined, dd.joined)):
+                                     ("--joined-dictionary", cfg.joined, joined)):
             if given and not there:
-                raise UsageError(f"{option}, but the reused vocabulary ({dd.path}) was built "
+                raise UsageError(f"{option}, but the reused vocabulary {name} was built "
                                  f"without it: its codec is used as it is; leave {option} out")
-        return src, tgt, dd.joined
+        return src, tgt, joined
     if cfg.srcdict or cfg.tgtdict:
         m = (lambda lang: lang if cfg.moses else None)
         src = _codec_from_dict_path(cfg.srcdict, cfg.subword, m(s)) if cfg.srcdict else None

@@ -46,7 +46,8 @@ def built_from(cfg, splits: list[tuple[str, str]]) -> dict[str, Any]:
         for lang in (cfg.source_lang, cfg.target_lang):
             files[f"{name}.{lang}"] = _stat(Path(f"{prefix}.{lang}"))
     if cfg.reuse_vocab:
-        files["reuse_vocab"] = _stat(Path(cfg.reuse_vocab) / "meta.json")
+        reused = Path(cfg.reuse_vocab)
+        files["reuse_vocab"] = _stat(reused if reused.is_file() else reused / "meta.json")
     for key in ("srcdict", "tgtdict"):
         if getattr(cfg, key):
             files[key] = _stat(Path(getattr(cfg, key)))

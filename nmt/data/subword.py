@@ -26,6 +26,8 @@ from nmt.errors import NmtError
 log = logging.getLogger("nmt.data.subword")
 
 KINDS = ("bpe", "wordpiece", "none")
+# Kinds of imported fairseq models' subwords: decoded and encoded, never learned.
+IMPORTED_KINDS = ("subword_nmt", "fairseq_sentencepiece")
 
 
 # --- BPE through sentencepiece -------------------------------------------------------------------
@@ -431,7 +433,7 @@ def model_from_state(state: dict, dictionary: Dictionary) -> SubwordModel:
         return WordPiece.from_state(state)
     if kind == "none":
         return Whitespace(dictionary)
-    if kind in ("subword_nmt", "fairseq_sentencepiece"):    # imported fairseq models
+    if kind in IMPORTED_KINDS:    # imported fairseq models
         from nmt.data.fairseq_subword import FairseqSentencePiece, SubwordNmtBPE
         cls = SubwordNmtBPE if kind == "subword_nmt" else FairseqSentencePiece
         return cls.from_state(state, dictionary)
@@ -461,6 +463,6 @@ def read_model_bytes(path: Path | os.PathLike, what: str | None = None) -> bytes
         raise NmtError(f"{p}: cannot read ({e.strerror})") from None
 
 
-__all__ = ["KINDS", "SubwordModel", "SentencePieceBPE", "SentencePieceVocab", "WordPiece", "Whitespace",
+__all__ = ["KINDS", "IMPORTED_KINDS", "SubwordModel", "SentencePieceBPE", "SentencePieceVocab", "WordPiece", "Whitespace",
            "train_sentencepiece", "train_wordpiece", "count_whitespace_tokens",
            "model_from_state", "load_model", "join_wordpieces"]

@@ -257,9 +257,12 @@ def check_init_data(ckpt: Mapping[str, Any], path: Path, data, data_dir: str,
                     warn: Callable[[str], None]) -> None:
     """--init-from: refuse a data directory whose vocabularies or subword models are not the
     checkpoint's (the embeddings would mean other symbols), saying how to encode it."""
-    trained_on = ckpt.get("data_dir") or "on the checkpoint's data directory"
+    # The data directory it was trained on when it still exists, else the checkpoint itself
+    # (its text pipeline: an imported model has no data directory).
+    trained_on = ckpt.get("data_dir")
+    source = trained_on if trained_on and Path(trained_on, "meta.json").is_file() else path
     _check_data(ckpt, path, data, data_dir, warn, "initialize from it",
-                f"encode the new data with nmt-preprocess --reuse-vocab {trained_on}")
+                f"encode the new data with nmt-preprocess --reuse-vocab {source}")
 
 
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], path: Path) -> None:
