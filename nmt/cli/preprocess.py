@@ -15,7 +15,7 @@ from rich.table import Table
 
 from nmt.cli.console import Command, console, handle_errors, make_progress, setup_logging
 from nmt.cli.options import build_config, config_options, log_options
-from nmt.data.prepare import PreprocessConfig, PreprocessResult, preprocess
+from nmt.data.prepare import CheckpointPipeline, PreprocessConfig, PreprocessResult, preprocess
 from nmt.signals import stop_on_signals
 from nmt.errors import NmtError
 from nmt.io import print_line
@@ -47,14 +47,27 @@ def main(verbose: bool, quiet: bool, **options):
     # SIGTERM (a scheduler, timeout) as Ctrl-C: the build's temporary directory is removed
     # on the way out, and the error is one line.
     with stop_on_signals(), destination_lock(cfg.destdir):
+        pipeline = checkpoint_pipeline(cfg.reuse_vocab)
         if quiet:           # -q: warnings and errors only, no progress bar or summary
-            result = preprocess(cfg)
+            result = preprocess(cfg, pipeline=pipeline)
         else:
             with make_progress() as progress:
-                result = preprocess(cfg, progress)
+                result = preprocess(cfg, progress, pipeline)
             if not result.up_to_date:
                 console.print(summary_table(result))
     print_line(str(result.path))
+
+
+def checkpoint_pipeline(reuse_vocab: str | None) -> CheckpointPipeline | None:
+    """--reuse-vocab CKPT (a file): the checkpoint's text pipeline, read without its weights
+    and without running code from it; None for a data directory or none."""
+    if not reuse_vocab or not Path(reuse_vocab).is_file():
+        return None
+    from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint
+
+    ckpt = load_checkpoint(reuse_vocab, mmap=True)
+    src, tgt = codecs_from_checkpoint(ckpt, reuse_vocab)
+    return CheckpointPipeline(src, tgt, ckpt.get("src_lang"), ckpt.get("tgt_lang"))
 
 
 @contextmanager

@@ -364,29 +364,40 @@ def _codec_from_dict_path(path: str, kind: str | None, moses_lang: str | None) -
     return whitespace_codec(dictionary, moses_lang)
 
 
-def _checkpoint_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool, str]:
+@dataclass(frozen=True)
+class CheckpointPipeline:
+    """A checkpoint's text pipeline for --reuse-vocab CKPT, read by the caller (nmt-preprocess
+    reads it with nmt.checkpoint, a layer above this one)."""
+    src_codec: TextCodec
+    tgt_codec: TextCodec
+    src_lang: str | None
+    tgt_lang: str | None
+
+
+def _checkpoint_codecs(cfg: PreprocessConfig, pipeline: CheckpointPipeline | None
+                       ) -> tuple[TextCodec, TextCodec, bool, str]:
     """--reuse-vocab CKPT: the checkpoint's (source, target) codecs, whether they share one
     dictionary, and what to call them in errors. Its source codec encodes the -s files."""
-    from nmt.checkpoint import codecs_from_checkpoint, load_checkpoint
-
-    ckpt = load_checkpoint(cfg.reuse_vocab, mmap=True)      # weights_only; weights unread
-    name = f"the checkpoint {cfg.reuse_vocab}"
-    src, tgt = codecs_from_checkpoint(ckpt, cfg.reuse_vocab)
-    pair = (ckpt.get("src_lang"), ckpt.get("tgt_lang"))
+    if pipeline is None:
+        raise UsageError(f"--reuse-vocab {cfg.reuse_vocab}: a file, so a checkpoint, but no "
+                         f"text pipeline was read from it (preprocess(..., pipeline=...))")
+    pair = (pipeline.src_lang, pipeline.tgt_lang)
     if (cfg.target_lang, cfg.source_lang) == pair:
         raise UsageError(f"{cfg.reuse_vocab} translates {pair[0]}->{pair[1]}: give "
                          f"-s {pair[0]} -t {pair[1]} (its source pipeline encodes -s's files)")
-    return src, tgt, src.dictionary == tgt.dictionary, name
+    src, tgt = pipeline.src_codec, pipeline.tgt_codec
+    return src, tgt, src.dictionary == tgt.dictionary, f"the checkpoint {cfg.reuse_vocab}"
 
 
-def _reused_codecs(cfg: PreprocessConfig) -> tuple[TextCodec, TextCodec, bool] | None:
+def _reused_codecs(cfg: PreprocessConfig, pipeline: CheckpointPipeline | None = None
+                   ) -> tuple[TextCodec, TextCodec, bool] | None:
     s, t = cfg.source_lang, cfg.target_lang
     if cfg.reuse_vocab:
         if not Path(cfg.reuse_vocab).exists():
             raise NmtError(f"{cfg.reuse_vocab}: no such data directory or checkpoint "
                            f"(--reuse-vocab)")
         if Path(cfg.reuse_vocab).is_file():
-            src, tgt, joined, name = _checkpoint_codecs(cfg)
+            src, tgt, joined, name = _checkpoint_codecs(cfg, pipeline)
         else:
             dd = DataDir.open(cfg.reuse_vocab)
             for lang in (s, t):
@@ -594,10 +605,12 @@ def _report_split(cfg: PreprocessConfig, st: SplitStats, prefix: str, seconds: f
                        f"{st.ratio} over --max-len-ratio {cfg.max_len_ratio})")
 
 
-def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
+def preprocess(cfg: PreprocessConfig, progress=None,
+               pipeline: CheckpointPipeline | None = None) -> PreprocessResult:
     """Build the data directory described by ``cfg``; returns its path and meta.json content.
 
-    ``progress``: an optional rich Progress (bars in bytes of input read).
+    ``progress``: an optional rich Progress (bars in bytes of input read). ``pipeline``: the
+    text pipeline of the checkpoint that ``cfg.reuse_vocab`` names, when it names one.
     """
     t_start = time.time()
     _check_config(cfg)
@@ -610,7 +623,7 @@ def preprocess(cfg: PreprocessConfig, progress=None) -> PreprocessResult:
             log.info("%s: already built from the same inputs and options; nothing to do "
                      "(--overwrite rebuilds it)", done.path)
             return PreprocessResult(done.path, done.meta, [], up_to_date=True)
-    reused = _reused_codecs(cfg)
+    reused = _reused_codecs(cfg, pipeline)
     if cfg.trainpref is None and reused is None:
         raise UsageError("nothing to learn the vocabulary from")
     workers = cfg.resolved_workers()
@@ -695,5 +708,5 @@ def _meta(cfg: PreprocessConfig, kind: str, joined: bool, dtype: np.dtype,
     }
 
 
-__all__ = ["PreprocessConfig", "PreprocessResult", "SplitStats", "preprocess", "learn_codecs",
+__all__ = ["PreprocessConfig", "PreprocessResult", "CheckpointPipeline", "SplitStats", "preprocess", "learn_codecs",
            "binarize_split", "sample_pairs", "iter_raw_chunks"]
