@@ -17,13 +17,11 @@ from nmt.data.codec import TextCodec
 from nmt.data.dictionary import Dictionary
 from nmt.data.indexed import IndexedDataset, ParallelDataset, shard_prefix
 from nmt.data.metaschema import check_meta, confined
-from nmt.data.subword import SentencePieceBPE, Whitespace, WordPiece, load_model
+from nmt.data.subword import FILE_CLASSES, load_model
 from nmt.errors import NmtError
 from nmt.io import write_text_atomic
 
 FORMAT_VERSION = 1
-# The subword model class that a kind's file (subword.LANG.*) is read back as.
-_FILE_KINDS = {"bpe": SentencePieceBPE, "wordpiece": WordPiece, "none": Whitespace}
 META = "meta.json"
 _SPLIT_RE = re.compile(r"^(train|valid|test)\d*$")
 
@@ -43,7 +41,7 @@ def stored_as_files(codec: TextCodec) -> bool:
     kinds do. An imported text pipeline (another toolkit's subwords, Marian's vocabulary over
     a sentencepiece model, Moses options other than the defaults) is kept whole instead, as
     its plain state in codec.LANG.json, the form a checkpoint holds it in."""
-    return (type(codec.subword) is _FILE_KINDS.get(codec.subword.kind)
+    return (type(codec.subword) is FILE_CLASSES.get(codec.subword.kind)
             and codec.moses_options is None)
 
 

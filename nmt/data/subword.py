@@ -440,6 +440,12 @@ def model_from_state(state: dict, dictionary: Dictionary) -> SubwordModel:
     raise NmtError(f"unknown subword kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
+# The class load_model reads each kind's file back as (nmt.data.datadir keeps a codec whose
+# subword model is of another class whole, since its file would not rebuild it).
+FILE_CLASSES: dict[str, type[SubwordModel]] = {"bpe": SentencePieceBPE, "wordpiece": WordPiece,
+                                               "none": Whitespace}
+
+
 def load_model(kind: str, path: Path | None, dictionary: Dictionary | None) -> SubwordModel:
     if kind == "bpe":
         return SentencePieceBPE.load(path)
@@ -465,4 +471,4 @@ def read_model_bytes(path: Path | os.PathLike, what: str | None = None) -> bytes
 
 __all__ = ["KINDS", "IMPORTED_KINDS", "SubwordModel", "SentencePieceBPE", "SentencePieceVocab", "WordPiece", "Whitespace",
            "train_sentencepiece", "train_wordpiece", "count_whitespace_tokens",
-           "model_from_state", "load_model", "join_wordpieces"]
+           "model_from_state", "load_model", "FILE_CLASSES", "join_wordpieces"]
