@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -158,8 +159,15 @@ def test_run_sh_substitute_reaches_the_first_prepare_only_and_holds_a_work_dir(t
     assert len(prepares) == 2
     assert prepares[0].endswith("--leaves words --signatures 2 --substitute 1")
     assert "--substitute" not in prepares[1]
-    plain = run_sh("--dry-run", "--sample", "/data/ptb-sample", work)
-    assert "--substitute" not in plain.stdout
+    # --sample makes two rounds unless told otherwise; --substitute 0 turns them off, and
+    # the other recipes have none
+    default = run_sh("--dry-run", "--sample", "/data/ptb-sample", work)
+    assert [line for line in default.stdout.splitlines() if "prepare.py" in line][0].endswith(
+        "--leaves words --signatures 2 --substitute 2")
+    plain = run_sh("--dry-run", "--sample", "--substitute", 0, "/data/ptb-sample", work)
+    assert plain.returncode == 0 and "--substitute" not in plain.stdout
+    tiny = run_sh("--dry-run", "--tiny", work)
+    assert tiny.returncode == 0 and "--substitute" not in tiny.stdout
     for bad in ("x", "01", "-1", "1.5"):
         b = run_sh("--dry-run", "--sample", "--substitute", bad, "/data/ptb-sample", work)
         assert b.returncode == 2 and "--substitute" in b.stderr
@@ -169,6 +177,9 @@ def test_run_sh_substitute_reaches_the_first_prepare_only_and_holds_a_work_dir(t
     work.mkdir()
     (work / ".substitute").write_text("1\n")
     b = run_sh("--dry-run", "--sample", "/data/ptb-sample", work)
+    assert b.returncode == 2 and "made with --substitute 1, not 2" in b.stderr
+    assert "give --substitute 1 to go on with it" in b.stderr
+    b = run_sh("--dry-run", "--sample", "--substitute", 0, "/data/ptb-sample", work)
     assert b.returncode == 2 and "made with --substitute 1, not 0" in b.stderr
     assert run_sh("--dry-run", "--sample", "--substitute", 1, "/data/ptb-sample",
                   work).returncode == 0
@@ -178,18 +189,72 @@ def test_run_sh_substitute_reaches_the_first_prepare_only_and_holds_a_work_dir(t
     (old / ".done" / "prepare").write_text("2026-11-26T00:00:00Z\n")
     b = run_sh("--dry-run", "--sample", "--substitute", 1, "/data/ptb-sample", old)
     assert b.returncode == 2 and "made with --substitute 0, not 1" in b.stderr
-    assert run_sh("--dry-run", "--sample", "/data/ptb-sample", old).returncode == 0
+    b = run_sh("--dry-run", "--sample", "/data/ptb-sample", old)
+    assert b.returncode == 2 and "made with --substitute 0, not 2" in b.stderr
+    assert run_sh("--dry-run", "--sample", "--substitute", 0, "/data/ptb-sample",
+                  old).returncode == 0
 
 
-def test_a_learning_curve_refuses_a_folder_with_new_trees(tmp_path):
-    work = tmp_path / "w"
+def curve_dir(work, trees, rounds=None, f1="50.00", gold="(TOP x)\n"):
+    """A finished run.sh work dir as learning_curve.py reads it: ``trees`` train lines."""
     for name in ("text/train.words", "text/test.gold", "results/bracket_f1.txt",
                  ".done/score"):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text("x\n")
-    (work / ".substitute").write_text("1\n")
-    p = subprocess.run([sys.executable, str(REPO / "examples" / "parsing_wsj" /
-                                            "learning_curve.py"), str(work)],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "made with --substitute 1" in p.stderr
+    (work / "text" / "train.words").write_text("w\n" * trees)
+    (work / "text" / "test.gold").write_text(gold)
+    (work / "results" / "bracket_f1.txt").write_text(
+        f"bracket-F1|evalb:ours|labeled:yes = {f1} (R 50.00 / P 50.00)\n")
+    (work / ".done" / "score").write_text("2026-12-02T00:00:00Z\n")
+    if rounds is not None:
+        (work / ".substitute").write_text(f"{rounds}\n")
+    return work
+
+
+def learning_curve(*works):
+    return subprocess.run([sys.executable, str(REPO / "examples" / "parsing_wsj" /
+                                               "learning_curve.py"), *map(str, works)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_learning_curve_counts_the_treebank_trees_of_a_substituted_folder(tmp_path):
+    # prepare.py's record of the splits: how many train trees are new
+    specs = [SplitSpec.parse("train=0001-0003"), SplitSpec.parse("test=0001-0001")]
+    out = tmp_path / "prep"
+    summary = prepare_treebank([MINI], out, specs, substitute=2, substitute_seed=5)
+    assert json.loads((out / "splits.json").read_text()) == summary
+    n, new = summary["train"]["sentences"], summary["train"]["substituted"]
+    assert len((out / "train.words").read_text().splitlines()) == n and 0 < new < n
+
+    small = curve_dir(tmp_path / "small", 30, rounds=2, f1="60.00")
+    big = curve_dir(tmp_path / "big", 90, rounds=2, f1="70.00")
+    for work, made in ((small, 10), (big, 30)):
+        (work / "text" / "splits.json").write_text(json.dumps(
+            {"train": {"files": 1, "sentences": 3 * made, "substituted": 2 * made,
+                       "words": 3 * made}}))
+    p = learning_curve(big, small)
+    assert p.returncode == 0, p.stderr
+    rows = [r.split("|")[1:5] for r in p.stdout.splitlines() if r.startswith("| ")][1:]
+    assert [[c.strip() for c in r] for r in rows] == [["10", "30", "60.00", "-"],
+                                                      ["30", "90", "70.00", "-"]]
+    # another number of rounds, or none, is another recipe: not one curve
+    plain = curve_dir(tmp_path / "plain", 20, f1="55.00")
+    p = learning_curve(small, plain)
+    assert p.returncode != 0 and "not one learning curve" in p.stderr
     assert "Traceback" not in p.stderr
+    assert learning_curve(plain, curve_dir(tmp_path / "zero", 5, rounds=0)).returncode == 0
+    # the record must describe the train split that is there
+    (big / "text" / "train.words").write_text("w\n" * 89)
+    p = learning_curve(big)
+    assert p.returncode != 0 and "counts 90 train trees, text/train.words has 89" in p.stderr
+    (big / "text" / "splits.json").write_text("[1, 2]")
+    p = learning_curve(big)
+    assert p.returncode != 0 and "not prepare.py's record" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_learning_curve_refuses_a_substituted_folder_without_the_record(tmp_path):
+    # a folder prepared before prepare.py recorded its splits cannot say which trees are new
+    work = curve_dir(tmp_path / "w", 3, rounds=1)
+    p = learning_curve(work)
+    assert p.returncode != 0 and "made with --substitute 1" in p.stderr
+    assert "text/splits.json" in p.stderr and "Traceback" not in p.stderr

@@ -600,7 +600,7 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     prepare, preprocess, train, gen, delin, score, gen_free, delin_free, score_free = cmds
     assert prepare.endswith(f"/data/ptb-sample {work}/text --split train=0001-0159 "
                             "--split valid=0160-0169 --split test=0170-0179 --leaves words "
-                            "--signatures 2")
+                            "--signatures 2 --substitute 2")
     # valid.gold (written by prepare.py into WORK/text) lies beside the valid split's files,
     # where meta.json's source_path points: validation scores bracket F1 against it.
     assert preprocess.startswith("nmt-preprocess -s sig -t lin ")

@@ -6,15 +6,19 @@
     examples/parsing_wsj/run.sh --sample PTB work-all
     python examples/parsing_wsj/learning_curve.py work-1k work-2k work-all --out curve.png
 
-Each WORK_DIR gives one point: its training sentences (the lines of WORK/text/train.words),
-the test F1 under tree constraints (WORK/results/bracket_f1.txt) and, when the run wrote it,
-without them (bracket_f1.free.txt), each read only when run.sh's marker of its scoring step
+Each WORK_DIR gives one point: its treebank training sentences (the lines of
+WORK/text/train.words; with --substitute, the treebank's trees among them, as prepare.py
+recorded in WORK/text/splits.json), the test F1 under tree constraints
+(WORK/results/bracket_f1.txt) and, when the run wrote it, without them
+(bracket_f1.free.txt), each read only when run.sh's marker of its scoring step
 (WORK/.done/score, score_free) is there. All points must share one test set
-(WORK/text/test.gold). Prints a markdown table and draws the picture.
+(WORK/text/test.gold) and one number of --substitute rounds (--sample: 2 unless another is
+given). Prints a markdown table and draws the picture.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -43,29 +47,53 @@ def read_f1(path: Path) -> float | None:
 def point(work: Path) -> dict:
     """One work dir's point. Its scores count only when run.sh's marker of the scoring step
     vouches for them: a rerun with other settings removes the markers of the steps it redoes,
-    so one stopped midway leaves scores of the old settings that are not read."""
+    so one stopped midway leaves scores of the old settings that are not read. A folder with
+    no .substitute marker was made before the option existed: 0 rounds."""
     train, test = work / "text" / "train.words", work / "results" / "bracket_f1.txt"
     done, gold = work / ".done", work / "text" / "test.gold"
     if not all(p.exists() for p in (train, test, gold, done / "score")):
         raise NmtError(f"{work}: not a finished run.sh work dir (no text/train.words, "
                        f"text/test.gold, results/bracket_f1.txt or .done/score)")
     marker = work / ".substitute"
-    made = marker.read_text(encoding="utf-8").strip() if marker.exists() else ""
-    if made not in ("", "0"):
-        raise NmtError(f"{work}: made with --substitute {made}: its train "
-                       f"split holds new trees beside the treebank's, so it is no point of a "
-                       f"curve over treebank sentences")
+    rounds = marker.read_text(encoding="utf-8").strip() if marker.exists() else ""
+    rounds = rounds or "0"
     with open(train, encoding="utf-8") as f:
-        sentences = sum(1 for line in f if line.strip())
+        trees = sum(1 for line in f if line.strip())
+    sentences = trees if rounds == "0" else treebank_trees(work, rounds, trees)
     free = work / "results" / "bracket_f1.free.txt"
-    return {"work": str(work), "sentences": sentences, "f1": read_f1(test),
+    return {"work": str(work), "sentences": sentences, "trees": trees, "substitute": rounds,
+            "f1": read_f1(test),
             "f1_free": read_f1(free) if (done / "score_free").exists() else None,
             "test": gold.read_bytes()}
 
 
+def treebank_trees(work: Path, rounds: str, trees: int) -> int:
+    """How many of the ``trees`` lines of a --substitute work dir's train split are the
+    treebank's (the rest are new trees made from them), as prepare.py recorded it."""
+    record = work / "text" / "splits.json"
+    if not record.exists():
+        raise NmtError(f"{work}: made with --substitute {rounds}, but text/splits.json (how many "
+                       f"train trees are the treebank's) is missing: it was prepared by an "
+                       f"earlier prepare.py; run the command recorded in .done/prepare again")
+    try:
+        train = json.loads(record.read_text(encoding="utf-8"))["train"]
+        made, new = int(train["sentences"]), int(train.get("substituted", 0))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise NmtError(f"{record}: not prepare.py's record of the splits ({e})") from None
+    if made != trees:
+        raise NmtError(f"{record} counts {made} train trees, text/train.words has {trees}: "
+                       f"they were not prepared together")
+    return made - new
+
+
 def check_same_test(points: list[dict]) -> None:
-    """Every point is scored on the same test sentences (the same text/test.gold)."""
+    """Every point is scored on the same test sentences (the same text/test.gold) and trained
+    with the same number of substitution rounds (else the curve mixes two recipes)."""
     for p in points[1:]:
+        if p["substitute"] != points[0]["substitute"]:
+            raise NmtError(f"{p['work']} was made with --substitute {p['substitute']} and "
+                           f"{points[0]['work']} with {points[0]['substitute']}: not one "
+                           f"learning curve")
         if p["test"] != points[0]["test"]:
             raise NmtError(f"{p['work']} and {points[0]['work']} were tested on different "
                            f"sentences (text/test.gold differs): not one learning curve")
@@ -83,7 +111,9 @@ def draw(points: list[dict], out: Path) -> None:
     free = [(p["sentences"], p["f1_free"]) for p in points if p["f1_free"] is not None]
     if free:
         ax.plot(*zip(*free), "s--", label="free decoding")
-    ax.set_xlabel("training sentences")
+    ax.set_xlabel("treebank training sentences")
+    if points[0]["substitute"] != "0":
+        ax.set_title(f"with {points[0]['substitute']} rounds of substituted trees", fontsize=10)
     ax.set_ylabel("test bracket F1 (EVALB)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -97,14 +127,16 @@ def draw(points: list[dict], out: Path) -> None:
               help="Write the picture here (PNG).")
 @handle_errors("learning_curve.py")
 def main(works, out):
-    """One point per finished run.sh WORK_DIR: test F1 against training sentences."""
+    """One point per finished run.sh WORK_DIR: test F1 against treebank training sentences."""
     points = sorted((point(Path(w)) for w in works), key=lambda p: p["sentences"])
     check_same_test(points)
-    click.echo("| training sentences | test F1 (tree constraints) | test F1 (free) | work dir |")
-    click.echo("|---:|---:|---:|---|")
+    click.echo("| treebank sentences | training trees | test F1 (tree constraints) "
+               "| test F1 (free) | work dir |")
+    click.echo("|---:|---:|---:|---:|---|")
     for p in points:
         free = "-" if p["f1_free"] is None else f"{p['f1_free']:.2f}"
-        click.echo(f"| {p['sentences']:,} | {p['f1']:.2f} | {free} | {p['work']} |")
+        click.echo(f"| {p['sentences']:,} | {p['trees']:,} | {p['f1']:.2f} | {free} "
+                   f"| {p['work']} |")
     if out:
         draw(points, Path(out))
 

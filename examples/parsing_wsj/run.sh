@@ -16,7 +16,9 @@
 #   --dry-run       print the commands instead of running them
 #   --sample        PTB_SAMPLE_DIR is the free NLTK sample (wsj_0001.mrg .. wsj_0179.mrg): train
 #                   0001-0159, valid 0160-0169, test 0170-0179; the words seen twice or more
-#                   as vocabulary, signatures for the others; transformer_small, dropout 0.3,
+#                   as vocabulary, signatures for the others; 2 rounds of new trees made by
+#                   substructure substitution beside the treebank's (--substitute 2; give
+#                   --substitute 0 for the treebank's alone); transformer_small, dropout 0.3,
 #                   cosine learning-rate cycles of 750 updates after the warm-up,
 #                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
 #                   the test as an ensemble (alpha 1.0); 6,250 updates (about 2.2 h on 2 CPU
@@ -30,7 +32,7 @@
 #   --substitute K  add K rounds of new training trees made by substructure substitution (a
 #                   phrase replaced by one of the same label from another training tree; Shi
 #                   et al. 2021): K=1 about doubles the train split (README: "More trees
-#                   from the same treebank")                                [0: off]
+#                   from the same treebank")                 [--sample: 2; otherwise 0: off]
 #   --rdrop-alpha A R-Drop (nmt-train --rdrop-alpha): each batch passed twice with different
 #                   dropout masks, A times the symmetric KL divergence of the two added to the
 #                   loss; the batch is the same, so an update does twice the model's work
@@ -61,7 +63,7 @@ prep_opts=()
 src=words
 max_update="${MAX_UPDATE:-}"
 train_sentences=""
-substitute=0
+substitute=""
 rdrop_alpha=0
 seeds=1
 extra_tests=()
@@ -92,6 +94,9 @@ for v in "$gpus" "${max_update:-1}" "${train_sentences:-1}" "$seeds"; do
     ''|*[!0-9]*|0*) echo "run.sh: error: --gpus, --max-update, --train-sentences and --seeds take positive numbers" >&2; exit 2 ;;
   esac
 done
+if [ -z "$substitute" ]; then
+  substitute=0; [ "$sample" = 1 ] && substitute=2
+fi
 case "$substitute" in
   ''|*[!0-9]*|0?*) echo "run.sh: error: --substitute takes a number >= 0, got '$substitute'" >&2; exit 2 ;;
 esac
@@ -149,6 +154,9 @@ elif [ "$sample" = 1 ]; then
   # the model learns what to do with the test's unknown words (11-13% of the valid and test
   # words are not seen twice in training); the model reads WORK/text/*.sig, the trees are
   # built over the words themselves (*.words).
+  # Two rounds of substituted trees (--substitute, set above) triple the train split: on
+  # validation F1 above one round and above the treebank's trees alone (README: "More trees
+  # from the same treebank").
   prep_opts=(--leaves words --signatures 2)
   src=sig
   vocab_opts=(--joined-dictionary --threshold 4)
@@ -293,7 +301,9 @@ made_with() {
   if [ -e "$work/.done/prepare" ] || [ -s "$file" ]; then
     [ -s "$file" ] && made="$(cat "$file")"
     if [ "$made" != "$2" ]; then
-      echo "run.sh: error: $work was made with --$1 $made, not $2; give another WORK_DIR" >&2
+      local again="another WORK_DIR"
+      [ "$1" = substitute ] && again="--substitute $made to go on with it, or another WORK_DIR"
+      echo "run.sh: error: $work was made with --$1 $made, not $2; give $again" >&2
       exit 2
     fi
   fi

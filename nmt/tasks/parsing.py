@@ -23,6 +23,7 @@ so the linearization of a normalized tree is lossless except for the POS tags, w
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -38,6 +39,9 @@ from nmt.tasks.signatures import Signatures
 from nmt.tasks.trees import Tree, list_treebank_files, read_treebank_file, to_string, with_root
 
 log = logging.getLogger("nmt.tasks.parsing")
+
+#: what prepare_treebank wrote, per split (its return value), in the output folder
+SPLITS_JSON = "splits.json"
 
 WORD_SLOT = "XX"
 ROOT = "TOP"
@@ -211,7 +215,9 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
     the other splits are as they were.
 
     Returns {split: {"files": n, "sentences": n, "words": n}} (sentences: originals and new
-    trees; with ``substitute``, the train split's "substituted": the new trees).
+    trees; with ``substitute``, the train split's "substituted": the new trees), also written
+    to ``splits.json`` beside the files: how many of a train split's trees are the treebank's
+    stays readable after the run (a learning curve counts those).
     """
     files = list_treebank_files(inputs)
     if not files:
@@ -261,6 +267,8 @@ def prepare_treebank(inputs: Iterable[str | os.PathLike], out_dir: str | os.Path
         log.info("%s: %d files, %d sentences", name, n_files, len(trees))
     if substitute:
         summary["train"]["substituted"] = len(new)
+    with atomic_write(out / SPLITS_JSON, "w") as fh:
+        fh.write(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     return summary
 
 
