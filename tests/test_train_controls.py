@@ -125,6 +125,10 @@ def test_adamw_through_the_command_and_named_on_resume(data, tmp_path):
 @pytest.mark.parametrize("extra,message", [
     (["--lr-scheduler", "inverse_sqrt"], "--lr-scheduler inverse_sqrt needs --lr"),
     (["--lr", "0.001", "--lr-scale", "2"], "--lr and --lr-scale both set the peak"),
+    # given explicitly, the default value is given too
+    (["--lr", "0.001", "--lr-scale", "1.0"], "--lr and --lr-scale both set the peak"),
+    (["--lr-scheduler", "inverse_sqrt", "--lr", "0.001", "--lr-scale", "1"],
+     "--lr and --lr-scale both set the peak"),
     (["--lr-scheduler", "cosine", "--lr", "0.001", "--warmup", "10"],
      "needs --max-update beyond --warmup"),
     (["--lr", "-1"], "--lr must be > 0"),
