@@ -166,8 +166,12 @@ def test_run_sh_substitute_reaches_the_first_prepare_only_and_holds_a_work_dir(t
         "--leaves words --signatures 2 --substitute 2")
     plain = run_sh("--dry-run", "--sample", "--substitute", 0, "/data/ptb-sample", work)
     assert plain.returncode == 0 and "--substitute" not in plain.stdout
-    tiny = run_sh("--dry-run", "--tiny", work)
-    assert tiny.returncode == 0 and "--substitute" not in tiny.stdout
+    tiny = run_sh("--dry-run", "--tiny", MINI, tmp_path / "t")
+    assert tiny.returncode == 0 and "prepare.py" in tiny.stdout
+    assert "--substitute" not in tiny.stdout
+    full = run_sh("--dry-run", "/data/ptb", tmp_path / "f")
+    assert full.returncode == 0 and "prepare.py" in full.stdout
+    assert "--substitute" not in full.stdout
     for bad in ("x", "01", "-1", "1.5"):
         b = run_sh("--dry-run", "--sample", "--substitute", bad, "/data/ptb-sample", work)
         assert b.returncode == 2 and "--substitute" in b.stderr
@@ -239,17 +243,18 @@ def test_a_learning_curve_counts_the_treebank_trees_of_a_substituted_folder(tmp_
     # another number of rounds, or none, is another recipe: not one curve
     plain = curve_dir(tmp_path / "plain", 20, f1="55.00")
     p = learning_curve(small, plain)
-    assert p.returncode != 0 and "not one learning curve" in p.stderr
+    assert p.returncode != 0 and "was made with --substitute 0 and" in p.stderr
     assert "Traceback" not in p.stderr
     assert learning_curve(plain, curve_dir(tmp_path / "zero", 5, rounds=0)).returncode == 0
     # the record must describe the train split that is there
     (big / "text" / "train.words").write_text("w\n" * 89)
     p = learning_curve(big)
     assert p.returncode != 0 and "counts 90 train trees, text/train.words has 89" in p.stderr
-    (big / "text" / "splits.json").write_text("[1, 2]")
-    p = learning_curve(big)
-    assert p.returncode != 0 and "not prepare.py's record" in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1
+    for bad in ("[1, 2]", '{"train": {"sentences": 89}}', "{"):
+        (big / "text" / "splits.json").write_text(bad)
+        p = learning_curve(big)
+        assert p.returncode != 0 and "not prepare.py's record" in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
 
 
 def test_a_learning_curve_refuses_a_substituted_folder_without_the_record(tmp_path):

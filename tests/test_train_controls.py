@@ -128,7 +128,7 @@ def test_adamw_through_the_command_and_named_on_resume(data, tmp_path):
     # given explicitly, the default value is given too
     (["--lr", "0.001", "--lr-scale", "1.0"], "--lr and --lr-scale both set the peak"),
     (["--lr-scheduler", "inverse_sqrt", "--lr", "0.001", "--lr-scale", "1"],
-     "--lr and --lr-scale both set the peak"),
+     "--lr-scale goes with --lr-scheduler noam, not inverse_sqrt"),
     (["--lr-scheduler", "cosine", "--lr", "0.001", "--warmup", "10"],
      "needs --max-update beyond --warmup"),
     (["--lr", "-1"], "--lr must be > 0"),

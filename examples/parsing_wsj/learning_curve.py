@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from nmt.cli.console import handle_errors  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.io import atomic_write  # noqa: E402
+from nmt.tasks.parsing import SPLITS_JSON  # noqa: E402
 
 F1 = re.compile(r"^bracket-F1\|\S* = ([0-9.]+) ")
 
@@ -70,14 +71,15 @@ def point(work: Path) -> dict:
 def treebank_trees(work: Path, rounds: str, trees: int) -> int:
     """How many of the ``trees`` lines of a --substitute work dir's train split are the
     treebank's (the rest are new trees made from them), as prepare.py recorded it."""
-    record = work / "text" / "splits.json"
+    record = work / "text" / SPLITS_JSON
     if not record.exists():
-        raise NmtError(f"{work}: made with --substitute {rounds}, but text/splits.json (how many "
-                       f"train trees are the treebank's) is missing: it was prepared by an "
-                       f"earlier prepare.py; run the command recorded in .done/prepare again")
+        raise NmtError(f"{work}: made with --substitute {rounds}, but text/{SPLITS_JSON} (how "
+                       f"many train trees are the treebank's) is missing: an earlier prepare.py "
+                       f"prepared it; run line 2 of {work}/.done/prepare again, REPO there "
+                       f"being this checkout (it writes the same files, and the record)")
     try:
         train = json.loads(record.read_text(encoding="utf-8"))["train"]
-        made, new = int(train["sentences"]), int(train.get("substituted", 0))
+        made, new = int(train["sentences"]), int(train["substituted"])
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise NmtError(f"{record}: not prepare.py's record of the splits ({e})") from None
     if made != trees:

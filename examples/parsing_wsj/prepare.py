@@ -18,6 +18,8 @@ test=2300-2399 (23). For each split it writes:
                             the train split replaced by their shape (UNK-Cap, UNK-NUM,
                             UNK-low-ing; nmt/tasks/signatures.py), the source to train on; the
                             lexicalized targets (--leaves words) then carry them as leaves too
+    OUT_DIR/splits.json     per split, the files, sentences and words written (with
+                            --substitute, how many of the train split's trees are new)
 
 --substitute K appends to the train split K rounds of new trees made from its own by
 substructure substitution (nmt/tasks/augment.py); the signatures count the original trees.

@@ -351,7 +351,7 @@ step preprocess "${preprocess[@]}" -s "$src" -t lin --trainpref "$data/train" \
 #    tensor2tensor's transformer_parsing_base; the paper says only that they were tuned on 22.
 #    --sample: transformer_small; the test is decoded by the ensemble of the 5 best checkpoints
 #    by validation bracket F1, which nmt-train lists in WORK/checkpoints/ensemble_best5.txt
-#    (README: an ensemble of checkpoints scored 2.8 F1 above their average on validation).
+#    (README: on validation the ensemble scored above the best of its checkpoints).
 # train_run K: train run K (seed K; run 1 is nmt-train's default seed 1, in WORK/checkpoints,
 # as before --seeds existed; run K > 1 in WORK/checkpoints-seedK) and set run_models to the
 # checkpoints that decode for it.

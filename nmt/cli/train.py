@@ -149,9 +149,13 @@ def main(inputs, overrides, old_overrides, list_archs, vocab_size, average_mode,
         logging.getLogger("nmt").warning("-o is the old name of --override; it still works "
                                          "(in the other commands -o is --output)")
         overrides = old_overrides
-    if len(_training_options_given({"lr", "lr_scale"})) == 2:
-        # the config sees values only: --lr-scale 1.0 beside --lr reads as no --lr-scale
-        raise UsageError("--lr and --lr-scale both set the peak of eq. 5: give one")
+    # The config sees values only: an explicit --lr-scale 1.0 reads there as none.
+    if _training_options_given({"lr_scale"}):
+        if options.get("lr_scheduler", "noam") != "noam":
+            raise UsageError(f"--lr-scale goes with --lr-scheduler noam, not "
+                             f"{options['lr_scheduler']}")
+        if _training_options_given({"lr"}):
+            raise UsageError("--lr and --lr-scale both set the peak of eq. 5: give one")
     cfg = build_config(TrainConfig, options, overrides=parse_overrides(overrides),
                        device=device, precision=precision)
     cfg.check_machine()     # precision, arch, device: fail before reading stdin or data
