@@ -163,6 +163,33 @@ def test_translations_equal_nmt_generate_with_each_option(server, ckpt, tmp_path
         "--beam", 4, "--diverse-beam-groups", 2, "--diverse-beam-strength", 0.3, "--replace-unk")
 
 
+def test_nbest_lists_are_nmt_generates(server, ckpt, tmp_path):
+    lines = mixed_lines(20, seed=4)
+    status, out = request(server.url + "/translate",
+                          json.dumps({"text": lines, "beam": 4, "nbest": 3}).encode())
+    assert status == 200 and list(out) == ["translations", "nbest"], out
+    want = [json.loads(x) for x in generate(ckpt, tmp_path, lines, "--beam", 4, "--nbest", 3,
+                                            "--output-format", "jsonl")]
+    assert out["translations"] == [w["translation"] for w in want]
+    for got, w, line in zip(out["nbest"], want, lines):
+        hyps = w.get("nbest", [{"translation": w["translation"], "score": w["score"]}]
+                     if w["score"] is not None else [])
+        assert got == [{"translation": h["translation"], "score": h["score"]} for h in hyps]
+        assert len(got) == (3 if line.strip() else 0)
+        assert [h["score"] for h in got] == sorted((h["score"] for h in got), reverse=True)
+    # the best of the list is the translation; nbest 1 is the plain reply
+    assert [g[0]["translation"] for g, x in zip(out["nbest"], lines) if x.strip()] == \
+        [t for t, x in zip(out["translations"], lines) if x.strip()]
+    assert translate(server.url, text=lines, beam=4, nbest=1) == out["translations"]
+    for bad, words in ((5, "nbest must be between 1 and the beam size (4), got 5"),
+                       (0, "nbest must be between 1"), (1.5, '"nbest" must be an integer'),
+                       (True, '"nbest" must be an integer')):
+        status, err = request(server.url + "/translate",
+                              json.dumps({"text": lines, "beam": 4, "nbest": bad}).encode())
+        assert status == 400 and words in err["error"], err
+        assert "\n" not in err["error"]
+
+
 def test_batch_invariance_a_line_alone_and_among_concurrent_requests(server, ckpt, tmp_path):
     lines = [x for x in mixed_lines(24, seed=8) if x.strip()]
     want = generate(ckpt, tmp_path, lines)

@@ -4,7 +4,8 @@
     GET  /ready       200 {"status": "ready", "models": [...]} once every model is loaded,
                       503 {"status": "loading", ...} before (or "failed": a model could not
                       be loaded, or its decoding thread failed)
-    POST /translate   {"text": [...], ...} (nmt.serve.requests) -> {"translations": [...]}
+    POST /translate   {"text": [...], ...} (nmt.serve.requests) -> {"translations": [...]},
+                      with "nbest" > 1 also {"nbest": [[{"translation", "score"}, ...], ...]}
 
 Every error is JSON, ``{"error": "one-line reason"}``, with a 4xx status for what the client
 sent (400 bad JSON or fields, 404 unknown model or path, 405 wrong method, 413 too large) and
@@ -149,6 +150,17 @@ async def _disconnect(request: Request) -> None:
             return
 
 
+def reply(results, nbest: int) -> dict:
+    """The body of a 200: the best translation of each sentence, in order, and with ``nbest``
+    > 1 each sentence's hypotheses, best first, with their scores (nmt-generate's)."""
+    out: dict = {"translations": [r.text for r in results]}
+    if nbest > 1:
+        out["nbest"] = [[{"translation": h.text,
+                          "score": None if h.score is None else round(h.score, 6)}
+                         for h in r.hypotheses] for r in results]
+    return out
+
+
 def create_app(models: Models, cfg: ServeConfig,
                on_load_failure: Callable[[], None] | None = None,
                stopping: Callable[[], bool] = lambda: False) -> Starlette:
@@ -190,7 +202,7 @@ def create_app(models: Models, cfg: ServeConfig,
             future = req.model.batcher.submit(req.search, ids, req.texts, prefixes,
                                               constraints)
             results = await clock.result(future, request, deadline, len(ids))
-            return Json({"translations": [r.text for r in results]})
+            return Json(reply(results, req.search.nbest))
         except RequestError as e:
             return error(e.status, str(e))
         except Stopping as e:

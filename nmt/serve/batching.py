@@ -254,7 +254,9 @@ class Batcher:
             results = translator.translate_ids([it.ids for it in items],
                                                sources=[it.job.sources[it.index] for it in items],
                                                prefixes=prefixes, constraints=constraints,
-                                               scores=False)     # replies hold the texts
+                                               # replies hold the texts, and with n-best
+                                               # lists their scores
+                                               scores=translator.search.nbest > 1)
         except Exception as e:  # noqa: BLE001 - the requests get the error, the worker goes on
             jobs = {id(it.job): it.job for it in items}
             log.error("model '%s': a batch of %d sentences from %d requests failed: %s: %s",

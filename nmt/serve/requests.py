@@ -8,6 +8,8 @@
      "min_len": 0, "no_repeat_ngram_size": 0,      controls, as nmt-generate's --min-len ...
      "unkpen": 0.0, "replace_unk": false,
      "diverse_beam_groups": 1, "diverse_beam_strength": 0.5,
+     "nbest": 1,                                   hypotheses per sentence, best first (at most
+                                                   the beam): > 1 adds "nbest" to the reply
      "prefix": ["Ein", null, ...] or "Ein",        forced translation prefixes (nmt-generate's
                                                    jsonl "prefix"): one per sentence, or one
                                                    for all; null or "" for none
@@ -37,7 +39,7 @@ from nmt.serve.models import ServedModel
 
 FIELDS = ("text", "model", "beam", "lenpen", "max_len_a", "max_len_b", "prefix", "min_len",
           "no_repeat_ngram_size", "unkpen", "replace_unk", "diverse_beam_groups",
-          "diverse_beam_strength", "constraints")
+          "diverse_beam_strength", "constraints", "nbest")
 # The controls a request may set, with their defaults (SearchConfig's) and kinds.
 CONTROLS = {"min_len": True, "no_repeat_ngram_size": True, "unkpen": False,
             "diverse_beam_groups": True, "diverse_beam_strength": False}
@@ -154,6 +156,7 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> Se
     if beam is not None and beam > cfg.max_beam:
         raise RequestError(400, f"\"beam\" {beam} is larger than this server allows "
                                 f"({cfg.max_beam}, --max-beam)")
+    nbest = number("nbest", True)
     controls = {k: v for k, integer in CONTROLS.items()
                 if (v := number(k, integer)) is not None}
     replace_unk = obj.get("replace_unk", False)
@@ -164,7 +167,7 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> Se
         search = SearchConfig(beam=beam, lenpen=number("lenpen", False),
                               max_len_a=number("max_len_a", False),
                               max_len_b=number("max_len_b", True), replace_unk=replace_unk,
-                              **controls)
+                              nbest=1 if nbest is None else nbest, **controls)
         search = search.resolve(served.translator.search)
         served.translator.check_search(search)
         return search
