@@ -21,8 +21,8 @@
 #                   --substitute 0 for the treebank's alone); transformer_small, dropout 0.3,
 #                   cosine learning-rate cycles of 750 updates after the warm-up,
 #                   checkpoints chosen by validation bracket F1 (beam 4), the 5 best decoding
-#                   the test as an ensemble (alpha 1.0); 6,250 updates (about 2.2 h on 2 CPU
-#                   threads at 0.79-0.86 updates/s, validations included). Test decoded
+#                   the test as an ensemble (alpha 1.0); 6,250 updates (about 2 h on 2 CPU
+#                   threads at 0.79-0.93 updates/s, validations included). Test decoded
 #                   with and without tree constraints (README: "The treebank sample on a
 #                   CPU"). WORK_DIR default ./parsing_wsj_sample
 #   --tiny          the whole chain for real on tests/fixtures/parsing/mini, transformer_tiny,
@@ -164,7 +164,7 @@ elif [ "$sample" = 1 ]; then
   # Validation decodes the valid split as step 4 decodes the test (beam 4 instead of 21 for
   # speed) and scores EVALB F1 against WORK/text/valid.gold: that picks the checkpoints.
   # A fixed 6,250 updates (the end of the 7th cosine cycle below), not a time cap: the same
-  # model on every machine, fast or slow; about 2.2 h at 0.79-0.86 updates/s with the
+  # model on every machine, fast or slow; about 2 h at 0.79-0.93 updates/s with the
   # validations, longer on slower machines.
   # No validation before update 1000: an untrained model decodes every sentence to the length
   # limit (2-3 minutes per validation, for F1 near 0).
