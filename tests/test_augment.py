@@ -199,13 +199,13 @@ def test_run_sh_substitute_reaches_the_first_prepare_only_and_holds_a_work_dir(t
                   old).returncode == 0
 
 
-def curve_dir(work, trees, rounds=None, f1="50.00", gold="(TOP x)\n"):
+def curve_dir(work, trees, rounds=None, f1="50.00"):
     """A finished run.sh work dir as learning_curve.py reads it: ``trees`` train lines."""
     for name in ("text/train.words", "text/test.gold", "results/bracket_f1.txt",
                  ".done/score"):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
     (work / "text" / "train.words").write_text("w\n" * trees)
-    (work / "text" / "test.gold").write_text(gold)
+    (work / "text" / "test.gold").write_text("(TOP x)\n")
     (work / "results" / "bracket_f1.txt").write_text(
         f"bracket-F1|evalb:ours|labeled:yes = {f1} (R 50.00 / P 50.00)\n")
     (work / ".done" / "score").write_text("2026-12-02T00:00:00Z\n")

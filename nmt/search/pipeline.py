@@ -50,19 +50,20 @@ class Translation:
     def to_json(self) -> dict:
         best = self.hypotheses[0] if self.hypotheses else None
         out = {"id": self.index, "source": self.source, "translation": self.text,
-               "score": None if best is None else _round(best.score),
+               "score": None if best is None else round_score(best.score),
                "tokens": [] if best is None else best.tokens,
                "token_scores": [] if best is None else _rounded(best.token_scores)}
         if self.truncated:
             out["truncated"] = True
         if len(self.hypotheses) > 1:
-            out["nbest"] = [{"translation": h.text, "score": _round(h.score),
+            out["nbest"] = [{"translation": h.text, "score": round_score(h.score),
                              "tokens": h.tokens, "token_scores": _rounded(h.token_scores)}
                             for h in self.hypotheses]
         return out
 
 
-def _round(score: float | None) -> float | None:
+def round_score(score: float | None) -> float | None:
+    """A score as nmt's outputs write it (6 decimals; None stays None)."""
     return None if score is None else round(score, 6)
 
 
@@ -302,4 +303,5 @@ def split_for_threads(batches: list[list[int]], n: int) -> list[list[int]]:
     return batches
 
 
-__all__ = ["TranslatorBase", "Translation", "TranslationHypothesis", "split_for_threads"]
+__all__ = ["TranslatorBase", "Translation", "TranslationHypothesis", "split_for_threads",
+           "round_score"]

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from nmt.search.pipeline import round_score
 from nmt.serve.batching import QueueFull, Stopping
 from nmt.serve.config import ServeConfig
 from nmt.serve.models import Models
@@ -155,8 +156,7 @@ def reply(results, nbest: int) -> dict:
     > 1 each sentence's hypotheses, best first, with their scores (nmt-generate's)."""
     out: dict = {"translations": [r.text for r in results]}
     if nbest > 1:
-        out["nbest"] = [[{"translation": h.text,
-                          "score": None if h.score is None else round(h.score, 6)}
+        out["nbest"] = [[{"translation": h.text, "score": round_score(h.score)}
                          for h in r.hypotheses] for r in results]
     return out
 
