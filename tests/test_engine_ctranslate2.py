@@ -382,6 +382,9 @@ def test_nmt_serve_with_ctranslate2_answers_as_nmt_generate(trained, tmp_path):
         status, body = request(s.url + "/translate",
                                json.dumps({"text": ["a dog ."], "unkpen": 1.5}).encode())
         assert status == 400 and "--unkpen" in body["error"], body
+        status, body = request(s.url + "/translate",
+                               json.dumps({"text": ["a dog ."], "sampling": True}).encode())
+        assert status == 400 and "does not sample" in body["error"], body
     finally:
         assert s.stop() == 0, s.stderr()
     assert "CTranslate2" in s.stderr()

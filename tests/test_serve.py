@@ -190,6 +190,64 @@ def test_nbest_lists_are_nmt_generates(server, ckpt, tmp_path):
         assert "\n" not in err["error"]
 
 
+def test_samples_are_nmt_generates_for_each_request_whatever_shares_its_batch(server, ckpt,
+                                                                             tmp_path):
+    lines = mixed_lines(24, seed=5)
+    options = {"sampling": True, "topk": 5, "temperature": 1.5, "seed": 7, "nbest": 2}
+    flags = ("--sampling", "--topk", 5, "--temperature", 1.5, "--seed", 7, "--nbest", 2,
+             "--output-format", "jsonl")
+
+    def want(part):
+        out = []
+        for x in generate(ckpt, tmp_path, part, *flags):
+            w = json.loads(x)
+            out.append((w["translation"], w.get("nbest", [])))
+        return out
+
+    def got(reply):
+        return [(t, [{"translation": h["translation"], "score": h["score"]} for h in hyps])
+                for t, hyps in zip(reply["translations"], reply["nbest"])]
+
+    halves = [lines[:12], lines[12:]]
+    expected = [want(h) for h in halves]
+    # Both halves at once, so they share batches: each request's sentences are seeded by
+    # their position in that request, as nmt-generate seeds a file of them by line.
+    before = len(re.findall(r"sentences from (\d+) requests", server.stderr()))
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda h: request(server.url + "/translate", json.dumps(
+            {"text": h, **options}).encode()), halves))
+    for (status, reply), exp in zip(replies, expected):
+        assert status == 200 and list(reply) == ["translations", "nbest"], reply
+        assert [(t, [{"translation": h["translation"], "score": h["score"]} for h in n])
+                for t, n in exp] == got(reply)
+    shared = [int(n) for n in re.findall(r"sentences from (\d+) requests",
+                                         server.stderr())[before:]]
+    assert max(shared) == 2, "the two requests were not decoded in one batch"
+    # sampling is not beam search, and another seed draws other samples
+    assert [t for t, _ in expected[0]] != generate(ckpt, tmp_path, halves[0])
+    status, other = request(server.url + "/translate", json.dumps(
+        {"text": halves[0], **options, "seed": 8}).encode())
+    assert status == 200 and other["translations"] != [t for t, _ in expected[0]]
+    one = translate(server.url, text=halves[0], sampling=True, seed=3)
+    assert one == generate(ckpt, tmp_path, halves[0], "--sampling", "--seed", 3)
+    for fields, words in (({"topk": 5}, '"topk" goes with "sampling": true'),
+                          ({"seed": 2, "sampling": False}, '"seed" goes with "sampling"'),
+                          ({"sampling": 1}, '"sampling" must be true or false'),
+                          ({"sampling": True, "topk": -1}, "topk must be >= 0, got -1"),
+                          ({"sampling": True, "seed": -1}, "seed must be >= 0, got -1"),
+                          ({"sampling": True, "topp": 0}, "topp must be in (0, 1]"),
+                          ({"sampling": True, "seed": 1.5}, '"seed" must be an integer'),
+                          ({"sampling": True, "nbest": 7}, '"nbest" 7 is more samples'),
+                          ({"sampling": True, "diverse_beam_groups": 2},
+                           'does not go with "sampling"'),
+                          ({"sampling": True, "constraints": ["w3"]},
+                           "do not go with sampling")):
+        status, err = request(server.url + "/translate",
+                              json.dumps({"text": halves[0], **fields}).encode())
+        assert status == 400 and words in err["error"], (fields, err)
+        assert "\n" not in err["error"]
+
+
 def test_batch_invariance_a_line_alone_and_among_concurrent_requests(server, ckpt, tmp_path):
     lines = [x for x in mixed_lines(24, seed=8) if x.strip()]
     want = generate(ckpt, tmp_path, lines)

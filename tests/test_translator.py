@@ -140,6 +140,27 @@ def test_overlong_source_is_truncated_with_a_warning(tmp_path, caplog):
     assert t2.max_source_len == 3 and t2.translate_results([long_line])[0].truncated
 
 
+def test_sources_given_their_own_line_numbers_sample_and_warn_as_those_lines(tmp_path,
+                                                                             ckpt, caplog):
+    """translate_ids(lines=...): lines gathered from several inputs into one call (as
+    nmt-serve gathers its requests') draw the samples, and name the lines, of their own."""
+    from nmt.search.config import SamplingConfig
+
+    t = Translator.from_checkpoint(ckpt, sampling=SamplingConfig(topk=5, seed=2))
+    lines = [x for x in mixed_lines(16, seed=6) if x.strip()]
+    ids = t.src_codec.encode_batch(lines)
+    alone = [t.translate_ids(ids[:6]), t.translate_ids(ids[6:])]
+    mixed = t.translate_ids(ids, lines=[*range(1, 7), *range(1, len(ids) - 5)])
+    assert [r.text for r in mixed] == [r.text for part in alone for r in part]
+    assert [r.text for r in t.translate_ids(ids)][6:] != [r.text for r in alone[1]]
+    with pytest.raises(ValueError, match="3 line numbers for 2 sources"):
+        t.translate_ids(ids[:2], lines=[1, 2, 3])
+    short = Translator.from_checkpoint(ckpt, batch=BatchConfig(max_source_len=2))
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        short.translate_ids(ids[:2], lines=[7, 3])
+    assert "line 7:" in caplog.text and "line 3:" in caplog.text and "line 1:" not in caplog.text
+
+
 def test_ensemble(tmp_path, ckpt):
     other = make_checkpoint(tmp_path / "other.pt", seed=3)
     lines = mixed_lines(12, seed=4)

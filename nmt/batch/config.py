@@ -184,8 +184,6 @@ class GenerateConfig:
         for name in ("topk", "topp", "temperature", "seed"):
             if getattr(self, name) is not None and not self.sampling:
                 raise UsageError(f"--{name} goes with --sampling")
-        if self.seed is not None and self.seed < 0:
-            raise UsageError(f"--seed must be >= 0, got {self.seed}")
         if self.input_format not in INPUT_FORMATS:
             raise UsageError(f"unknown input format '{self.input_format}' "
                              f"(choose from {', '.join(INPUT_FORMATS)})")

@@ -407,7 +407,7 @@ class CTranslate2Translator(TranslatorBase):
                            f"--max-len-a/--max-len-b or use --engine nmt")
         return limit
 
-    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints, scores=True):
+    def _decode_batch(self, batch, arrays, lines, prefixes, constraints, scores=True):
         """One translate_batch call for the whole batch, up to its longest length limit; a
         sentence whose search ran into its own, shorter limit is decoded again with it
         (CTranslate2's max_decoding_length is one number per call), or, in greedy search,
@@ -416,7 +416,7 @@ class CTranslate2Translator(TranslatorBase):
         without ``scores`` skips what only the scores need: CTranslate2's softmax over the
         vocabulary at each step, and the scoring pass of the forced eos."""
         self.check_search(self.search)
-        limits = {i: self._limit(arrays[i].size, first_line + i) for i in batch}
+        limits = {i: self._limit(arrays[i].size, lines[i]) for i in batch}
         # nmt: with a limit of 0 only eos may follow
         out = {i: [_Hypothesis([EOS], 0.0)] for i in batch if limits[i] == 0}
         rows = [i for i in batch if limits[i] > 0]

@@ -260,6 +260,8 @@ class SamplingConfig:
             raise UsageError(f"--topp must be in (0, 1], got {self.topp}")
         if not self.temperature > 0.0:
             raise UsageError(f"--temperature must be > 0, got {self.temperature}")
+        if self.seed < 0:
+            raise UsageError(f"--seed must be >= 0, got {self.seed}")
 
 
 __all__ = ["SearchConfig", "BatchConfig", "length_limit", "SamplingConfig", "DEFAULT_SEARCH_TOKENS", "PRESET_FIELDS",

@@ -179,21 +179,29 @@ class TranslatorBase:
                       first_line: int = 1,
                       prefixes: Sequence[Sequence[int]] | None = None,
                       constraints: Sequence[Sequence[Sequence[int]]] | None = None,
-                      scores: bool = True) -> list[Translation]:
+                      scores: bool = True,
+                      lines: Sequence[int] | None = None) -> list[Translation]:
         """Translate already-encoded sources (ids without eos), e.g. a binarized test split;
         ``prefixes``: target ids (without eos) each translation starts with (see
         nmt.search.prefix); ``constraints``: per source, the target ids (without eos) of each
         phrase its translation must contain (nmt.search.lexical); ``scores`` as
-        :meth:`translate_results` takes it."""
+        :meth:`translate_results` takes it. ``lines``: each source's own 1-based line number
+        (default ``first_line + i``), which messages name and sampling seeds draw from: a
+        caller that gathers sentences of several inputs into one call (nmt-serve) gives each
+        the number it has in its own input."""
         n = len(ids)
         if sources is None:
             sources = [self.src_codec.decode(x) for x in ids]
+        if lines is None:
+            lines = range(first_line, first_line + n)
+        elif len(lines) != n:
+            raise ValueError(f"{len(lines)} line numbers for {n} sources")
         # The index is the 0-based line of the whole input ("id" in jsonl output), not of this
         # call's chunk: a command translating a stream chunk by chunk passes ``first_line``.
         results = [Translation(first_line - 1 + i, sources[i]) for i in range(n)]
         arrays: list[np.ndarray] = []
         for i, x in enumerate(ids):
-            a, results[i].truncated = self.source_array(x, first_line + i)
+            a, results[i].truncated = self.source_array(x, lines[i])
             arrays.append(a)
         if constraints is not None and not any(len(c) for c in constraints):
             constraints = None
@@ -201,11 +209,11 @@ class TranslatorBase:
             prefixes = None
         if constraints is not None or prefixes is not None:
             self.check_targets(prefixes, constraints)
-            self._check_room(arrays, constraints, prefixes, first_line)
+            self._check_room(arrays, constraints, prefixes, lines)
         empty = [i for i in range(n) if arrays[i].size == 0]
         if progress is not None and empty:
             progress(len(empty))
-        args = (arrays, first_line, prefixes, constraints, scores)
+        args = (arrays, lines, prefixes, constraints, scores)
         for batch, hyps in self._decoded(self._batches(arrays), args):
             for i, sent_hyps in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(h) for h in sent_hyps]
@@ -229,20 +237,21 @@ class TranslatorBase:
         return a[:self.max_source_len], True
 
     # --- what an engine supplies ------------------------------------------------------------
-    def _decode_batch(self, batch: list[int], arrays: list[np.ndarray], first_line: int,
+    def _decode_batch(self, batch: list[int], arrays: list[np.ndarray], lines: Sequence[int],
                       prefixes: Sequence[Sequence[int]] | None,
                       constraints: Sequence[Sequence[Sequence[int]]] | None,
                       scores: bool = True) -> list[list]:
-        """Per source ``arrays[i]`` of ``batch`` (indices, each source non-empty), its
-        hypotheses best first: objects with ``tokens`` (ids ending with eos), ``score`` (may
-        be None when ``scores`` is False) and ``token_scores`` (None: not known)."""
+        """Per source ``arrays[i]`` of ``batch`` (indices, each source non-empty; ``lines[i]``
+        its line number), its hypotheses best first: objects with ``tokens`` (ids ending with
+        eos), ``score`` (may be None when ``scores`` is False) and ``token_scores`` (None: not
+        known)."""
         raise NotImplementedError
 
     def check_targets(self, prefixes, constraints) -> None:
         """UsageError when this engine cannot force prefixes or constraints given."""
 
     def _check_room(self, arrays: list[np.ndarray], constraints, prefixes,
-                    first_line: int) -> None:
+                    lines: Sequence[int]) -> None:
         """Before anything is decoded: each line's forced targets fit its length limit."""
 
     def _finish(self, results: list[Translation], arrays: list[np.ndarray]) -> None:

@@ -181,7 +181,7 @@ class Translator(TranslatorBase):
         return translator
 
     # --- decoding (nmt.search.pipeline.TranslatorBase calls these) ---------------------------
-    def _decode_batch(self, batch, arrays, first_line, prefixes, constraints, scores=True):
+    def _decode_batch(self, batch, arrays, lines, prefixes, constraints, scores=True):
         # (without ``scores``, greedy search of one model skips the softmax over the vocabulary)
         src = self._collate([arrays[i] for i in batch])
         cons = self._constraints(batch, prefixes, constraints)
@@ -189,7 +189,7 @@ class Translator(TranslatorBase):
             from nmt.search.sampling import sample
 
             return sample(self.ensemble, src, self.search, self.sampling,
-                          [first_line + i for i in batch], constraints=cons)
+                          [lines[i] for i in batch], constraints=cons)
         return beam_search(self.ensemble, src, self.search, constraints=cons, scores=scores)
 
     def _parallel(self) -> int:
@@ -214,7 +214,7 @@ class Translator(TranslatorBase):
             replace_unknowns(self, results, arrays, self.align_layer)
 
     def _check_room(self, arrays: list[np.ndarray], constraints, prefixes,
-                    first_line: int) -> None:
+                    lines: Sequence[int]) -> None:
         """Before anything is decoded: lexical constraints go with this decoding, and each
         line's forced prefix and constraints fit in its length limit (one-line errors)."""
         from nmt.search.lexical import check_room, refuse_with
@@ -227,7 +227,7 @@ class Translator(TranslatorBase):
         for i, a in enumerate(arrays):
             check_room(constraints[i] if constraints else (), len(prefixes[i]) if prefixes
                        else 0, a.size, self.search, self.ensemble.max_positions,
-                       f"line {first_line + i}")
+                       f"line {lines[i]}")
 
     def _constraints(self, batch: list[int], prefixes: Sequence[Sequence[int]] | None,
                      constraints: Sequence[Sequence[Sequence[int]]] | None = None):

@@ -200,7 +200,7 @@ def create_app(models: Models, cfg: ServeConfig,
             req = parse_request(parse_json(body), models.loaded, cfg)
             ids, prefixes, constraints = await run_in_threadpool(encode, req, cfg)
             future = req.model.batcher.submit(req.search, ids, req.texts, prefixes,
-                                              constraints)
+                                              constraints, req.sampling)
             results = await clock.result(future, request, deadline, len(ids))
             return Json(reply(results, req.search.nbest))
         except RequestError as e:

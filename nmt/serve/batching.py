@@ -16,7 +16,8 @@ the leader has waited ``max_wait`` seconds, then decodes them with
 ``Translator.translate_ids``. Sentences that arrive while a
 batch decodes are waiting already when it ends, so a busy server batches without waiting.
 Whatever a batch holds, each sentence gets the translation it gets alone: beam search is
-batch-invariant (tests/test_translator.py), and options never mix.
+batch-invariant (tests/test_translator.py), sampling draws from (seed, the sentence's position
+in its own request), and options never mix.
 
 A request's result is a ``concurrent.futures.Future`` (the HTTP side awaits it with
 ``asyncio.wrap_future``), set once all its sentences are decoded, possibly across batches.
@@ -40,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nmt.search.config import SearchConfig, length_limit
+from nmt.search.config import SamplingConfig, SearchConfig, length_limit
 
 log = logging.getLogger("nmt.serve")
 
@@ -62,6 +63,7 @@ class _Job:
     left: int = 0
     future: Future = field(default_factory=Future)
     turn: int = -1             # the number of the last batch it led or joined (-1: none yet)
+    sampling: SamplingConfig | None = None     # None: beam search
 
 
 @dataclass
@@ -98,11 +100,13 @@ class Batcher:
 
     def submit(self, search: SearchConfig, ids: Sequence[np.ndarray], sources: Sequence[str],
                prefixes: Sequence[Sequence[int]] | None = None,
-               constraints: Sequence[Sequence[Sequence[int]]] | None = None) -> Future:
+               constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+               sampling: SamplingConfig | None = None) -> Future:
         """Queue one request's encoded sentences; the future gives its Translations in order.
         ``search`` must be resolved (every field set); ``prefixes`` and ``constraints``: per
-        sentence, as Translator.translate_ids takes them."""
-        job = _Job(search, sources, [None] * len(ids), len(ids))
+        sentence, as Translator.translate_ids takes them; ``sampling``: draw instead of beam
+        search, each sentence seeded by its position in the request (from 1)."""
+        job = _Job(search, sources, [None] * len(ids), len(ids), sampling=sampling)
         if not ids:
             job.future.set_result([])
             return job.future
@@ -220,14 +224,14 @@ class Batcher:
         """The waiting sentences with the options of ``job``, its own first, then the others
         oldest first, that fit in one batch (always at least one); and whether the batch is
         full."""
-        search = job.search
+        search, options = job.search, (job.search, job.sampling)
         chosen: list[_Item] = []
         width = steps = 0                # longest source in the batch with eos; most steps
         # lazily: the loop stops at the first sentence that would not fit
         ordered = itertools.chain((x for x in self._pending if x.job is job),
                                   (x for x in self._pending if x.job is not job))
         for item in ordered:
-            if item.job.search != search:
+            if (item.job.search, item.job.sampling) != options:
                 continue
             w, t = max(width, item.ids.size + 1), max(steps, item.steps)
             n = len(chosen) + 1
@@ -245,8 +249,11 @@ class Batcher:
         if not items:
             return
         start = time.perf_counter()
-        translator = copy.copy(self.translator)      # shares the models; only .search differs
+        # shares the models; only the options differ
+        translator = copy.copy(self.translator)
         translator.search = items[0].job.search
+        if items[0].job.sampling is not None:
+            translator.sampling = items[0].job.sampling
         prefixes = [it.prefix for it in items] if any(len(it.prefix) for it in items) else None
         constraints = ([it.constraints for it in items]
                        if any(len(it.constraints) for it in items) else None)
@@ -254,6 +261,8 @@ class Batcher:
             results = translator.translate_ids([it.ids for it in items],
                                                sources=[it.job.sources[it.index] for it in items],
                                                prefixes=prefixes, constraints=constraints,
+                                               # each sentence's line in its own request
+                                               lines=[it.index + 1 for it in items],
                                                # replies hold the texts, and with n-best
                                                # lists their scores
                                                scores=translator.search.nbest > 1)

@@ -10,6 +10,12 @@
      "diverse_beam_groups": 1, "diverse_beam_strength": 0.5,
      "nbest": 1,                                   hypotheses per sentence, best first (at most
                                                    the beam): > 1 adds "nbest" to the reply
+     "sampling": false,                            draw each output token instead of beam
+     "topk": 0, "topp": 1.0,                       search (nmt-generate's --sampling, --topk
+     "temperature": 1.0, "seed": 1,                ...): a sentence draws from (seed, its
+                                                   position in the request, from 1), as
+                                                   nmt-generate numbers a file's lines; with
+                                                   "nbest" N, N samples in the order drawn
      "prefix": ["Ein", null, ...] or "Ein",        forced translation prefixes (nmt-generate's
                                                    jsonl "prefix"): one per sentence, or one
                                                    for all; null or "" for none
@@ -30,7 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from nmt.errors import NmtError, suggest
-from nmt.search.config import SearchConfig
+from nmt.search.config import SamplingConfig, SearchConfig
 from nmt.search.lexical import check_room, encode_constraints, refuse_with
 from nmt.search.prefix import check_spelled
 from nmt.search.jsonl_input import lone_surrogate, phrases_problem
@@ -39,7 +45,10 @@ from nmt.serve.models import ServedModel
 
 FIELDS = ("text", "model", "beam", "lenpen", "max_len_a", "max_len_b", "prefix", "min_len",
           "no_repeat_ngram_size", "unkpen", "replace_unk", "diverse_beam_groups",
-          "diverse_beam_strength", "constraints", "nbest")
+          "diverse_beam_strength", "constraints", "nbest", "sampling", "topk", "topp",
+          "temperature", "seed")
+# What sampling takes besides "sampling": true, as nmt-generate's options of those names.
+SAMPLING_FIELDS = {"topk": True, "topp": False, "temperature": False, "seed": True}
 # The controls a request may set, with their defaults (SearchConfig's) and kinds.
 CONTROLS = {"min_len": True, "no_repeat_ngram_size": True, "unkpen": False,
             "diverse_beam_groups": True, "diverse_beam_strength": False}
@@ -62,6 +71,7 @@ class TranslateRequest:
     search: SearchConfig                    # resolved against the model's preset
     prefixes: list[str | None] | None       # one per sentence, or None
     constraints: list[list[str] | None] | None = None     # one list per sentence, or None
+    sampling: SamplingConfig | None = None  # None: beam search
 
 
 def _kind(value: Any) -> str:
@@ -115,9 +125,11 @@ def parse_request(obj: Mapping[str, Any], models: Mapping[str, ServedModel],
                                 f"most {cfg.max_sentences_per_request} (--max-sentences-per-"
                                 f"request)")
     prefixes = _prefixes(obj.get("prefix"), len(texts), served)
-    search = _search(obj, served, cfg)
-    return TranslateRequest(served, texts, search, prefixes,
-                            _constraints(obj.get("constraints"), len(texts), served, search))
+    sampling = _sampling(obj, served)
+    search = _search(obj, served, cfg, sampling is not None)
+    constraints = _constraints(obj.get("constraints"), len(texts), served, search,
+                               sampling is not None)
+    return TranslateRequest(served, texts, search, prefixes, constraints, sampling)
 
 
 def _model(name: Any, models: Mapping[str, ServedModel]) -> ServedModel:
@@ -134,39 +146,71 @@ def _model(name: Any, models: Mapping[str, ServedModel]) -> ServedModel:
     return models[name]
 
 
-def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig) -> SearchConfig:
-    """The request's decoding options, unset ones from the model's preset."""
-    def number(key: str, integer: bool):
-        v = obj.get(key)
-        if v is None:
-            return None
-        ok = isinstance(v, int) or (not integer and isinstance(v, float) and math.isfinite(v))
-        if isinstance(v, bool) or not ok:
-            raise RequestError(400, f"\"{key}\" must be {'an integer' if integer else 'a number'}"
-                                    f", got {_kind(v) if not isinstance(v, float) else v}")
-        if not integer:
-            # A JSON integer has no bound, a float has: 1 followed by 400 zeros is no float.
-            try:
-                v = float(v)
-            except OverflowError:
-                raise RequestError(400, f"\"{key}\" is too large a number") from None
-        return v
+def _number(obj: Mapping[str, Any], key: str, integer: bool):
+    """The request's number ``key`` (None: not given); 400 for another kind."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    ok = isinstance(v, int) or (not integer and isinstance(v, float) and math.isfinite(v))
+    if isinstance(v, bool) or not ok:
+        raise RequestError(400, f"\"{key}\" must be {'an integer' if integer else 'a number'}"
+                                f", got {_kind(v) if not isinstance(v, float) else v}")
+    if not integer:
+        # A JSON integer has no bound, a float has: 1 followed by 400 zeros is no float.
+        try:
+            v = float(v)
+        except OverflowError:
+            raise RequestError(400, f"\"{key}\" is too large a number") from None
+    return v
 
-    beam = number("beam", True)
+
+def _sampling(obj: Mapping[str, Any], served: ServedModel) -> SamplingConfig | None:
+    """The request's sampling options (None: beam search), as nmt-generate checks them."""
+    on = obj.get("sampling", False)
+    if not isinstance(on, bool):
+        raise RequestError(400, f"\"sampling\" must be true or false, got {_kind(on)}")
+    given = {k: v for k, integer in SAMPLING_FIELDS.items()
+             if (v := _number(obj, k, integer)) is not None}
+    if not on:
+        if given:
+            raise RequestError(400, f"\"{next(iter(given))}\" goes with \"sampling\": true")
+        return None
+    if served.translator.engine != "nmt":
+        raise RequestError(400, f"model '{served.name}' is decoded by {served.translator.engine}"
+                                f", which does not sample: serve it with --engine nmt")
+    try:
+        return SamplingConfig(**given)
+    except NmtError as e:
+        raise RequestError(400, str(e).replace("--", "")) from None
+
+
+def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig,
+            sampling: bool = False) -> SearchConfig:
+    """The request's decoding options, unset ones from the model's preset."""
+    beam = _number(obj, "beam", True)
     if beam is not None and beam > cfg.max_beam:
         raise RequestError(400, f"\"beam\" {beam} is larger than this server allows "
                                 f"({cfg.max_beam}, --max-beam)")
-    nbest = number("nbest", True)
+    nbest = _number(obj, "nbest", True)
     controls = {k: v for k, integer in CONTROLS.items()
-                if (v := number(k, integer)) is not None}
+                if (v := _number(obj, k, integer)) is not None}
+    if sampling:
+        # As nmt-generate: "nbest" samples whatever the beam, which only bounds them.
+        if nbest is not None and nbest > cfg.max_beam:
+            raise RequestError(400, f"\"nbest\" {nbest} is more samples than this server "
+                                    f"draws for a sentence ({cfg.max_beam}, --max-beam)")
+        beam = max(beam or 1, nbest or 1)
+        if controls.get("diverse_beam_groups", 1) > 1:
+            raise RequestError(400, "\"diverse_beam_groups\" is beam search's: it does not "
+                                    "go with \"sampling\"")
     replace_unk = obj.get("replace_unk", False)
     if not isinstance(replace_unk, bool):
         raise RequestError(400, f"\"replace_unk\" must be true or false, got "
                                 f"{_kind(replace_unk)}")
     try:
-        search = SearchConfig(beam=beam, lenpen=number("lenpen", False),
-                              max_len_a=number("max_len_a", False),
-                              max_len_b=number("max_len_b", True), replace_unk=replace_unk,
+        search = SearchConfig(beam=beam, lenpen=_number(obj, "lenpen", False),
+                              max_len_a=_number(obj, "max_len_a", False),
+                              max_len_b=_number(obj, "max_len_b", True), replace_unk=replace_unk,
                               nbest=1 if nbest is None else nbest, **controls)
         search = search.resolve(served.translator.search)
         served.translator.check_search(search)
@@ -209,8 +253,8 @@ def _prefixes(value: Any, n: int, served: ServedModel) -> list[str | None] | Non
     return value
 
 
-def _constraints(value: Any, n: int, served: ServedModel, search: SearchConfig
-                 ) -> list[list[str] | None] | None:
+def _constraints(value: Any, n: int, served: ServedModel, search: SearchConfig,
+                 sampling: bool = False) -> list[list[str] | None] | None:
     """One list of phrases per sentence (None for none), or None when no sentence has any."""
     if value is None:
         return None
@@ -235,7 +279,7 @@ def _constraints(value: Any, n: int, served: ServedModel, search: SearchConfig
         raise RequestError(400, f"model '{served.name}' decodes with tree constraints, which "
                                 f"lexical constraints cannot be combined with")
     try:
-        refuse_with(search, sampling=False, tree=False)
+        refuse_with(search, sampling=sampling, tree=False)
     except NmtError as e:
         raise RequestError(400, str(e)) from None
     return value
