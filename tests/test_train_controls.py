@@ -138,3 +138,31 @@ def test_bad_schedule_options_are_usage_errors(data, tmp_path, extra, message):
     code, out, err = cli([data, *TINY, "--max-update", 5, "--save-dir", tmp_path / "ck", *extra])
     assert code == 2 and out == ""
     assert message in err and "Traceback" not in err
+
+
+def test_lr_scale_given_is_told_from_lr_scale_unset_in_the_library_and_on_resume():
+    """TrainConfig, not only the command line, refuses --lr-scale beside --lr or another
+    scheduler whatever its value; unset means 1, and a checkpoint that stored 1 (before it
+    could be unset) resumes with it unset as the same run."""
+    from nmt.errors import UsageError
+    from nmt.training.config import TrainConfig
+    from nmt.training.resume import changed_options
+
+    def check(**kw):
+        TrainConfig(max_update=5, **kw).check()
+
+    check(lr=0.001)
+    check(lr_scale=1.0)
+    with pytest.raises(UsageError, match="--lr and --lr-scale both set the peak"):
+        check(lr=0.001, lr_scale=1.0)
+    with pytest.raises(UsageError, match="--lr-scale goes with --lr-scheduler noam, not cosine"):
+        check(lr_scheduler="cosine", lr=0.001, warmup=2, lr_scale=1.0)
+    with pytest.raises(UsageError, match="--lr-period goes with --lr-scheduler noam, not cosine"):
+        check(lr_scheduler="cosine", lr=0.001, warmup=2, lr_period=4)
+    assert TrainConfig().eq5_scale == 1.0
+    assert TrainConfig(lr_scale=2.5).eq5_scale == 2.5
+    unset, two = TrainConfig(), TrainConfig(lr_scale=2.0)
+    assert changed_options({"lr_scale": 1.0}, unset) == []
+    assert changed_options({"lr_scale": None}, TrainConfig(lr_scale=1.0)) == []
+    assert changed_options({"lr_scale": None}, two) == ["--lr-scale 2 (was 1)"]
+    assert changed_options({"lr_scale": 2.0}, unset) == ["--lr-scale 1 (was 2)"]

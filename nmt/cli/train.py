@@ -59,16 +59,6 @@ def _training_options_given(names: set[str]) -> list[str]:
                                                          ParameterSource.DEFAULT_MAP, None)]
 
 
-def _check_lr_scale_given(scheduler: str) -> None:
-    """An explicit --lr-scale goes with eq. 5 alone, whatever its value: the config sees values
-    only, and reads --lr-scale 1.0 as none."""
-    if _training_options_given({"lr_scale"}):
-        if scheduler != "noam":
-            raise UsageError(f"--lr-scale goes with --lr-scheduler noam, not {scheduler}")
-        if _training_options_given({"lr"}):
-            raise UsageError("--lr and --lr-scale both set the peak of eq. 5: give one")
-
-
 @click.command(cls=Command, prog="nmt-train",
                context_settings={"help_option_names": ["-h", "--help"],
                                  "max_content_width": 100})
@@ -159,7 +149,6 @@ def main(inputs, overrides, old_overrides, list_archs, vocab_size, average_mode,
         logging.getLogger("nmt").warning("-o is the old name of --override; it still works "
                                          "(in the other commands -o is --output)")
         overrides = old_overrides
-    _check_lr_scale_given(options.get("lr_scheduler", "noam"))
     cfg = build_config(TrainConfig, options, overrides=parse_overrides(overrides),
                        device=device, precision=precision)
     cfg.check_machine()     # precision, arch, device: fail before reading stdin or data

@@ -75,7 +75,9 @@ class TrainConfig:
     max_sentences: int | None = option(None, "Also cap sentences per batch.")
     update_freq: int = option(1, "Accumulate gradients over N micro-batches per update (a "
                               "bigger batch on fewer devices).")
-    lr_scale: float = option(1.0, "Multiplies the learning rate of eq. 5.")
+    lr_scale: float | None = option(None, "Multiplies the learning rate of eq. 5 (--lr-scheduler "
+                                    "noam only; not with --lr) [default: 1].",
+                                    show_default=False)
     warmup: int = option(4000, "warmup_steps of eq. 5.")
     lr_period: int = option(0, "After the warm-up, run the learning rate in cosine cycles of N "
                             "updates (warm restarts): each cycle starts at eq. 5's rate and "
@@ -210,6 +212,11 @@ class TrainConfig:
         self.max_time = parse_duration(self.max_time)
 
     @property
+    def eq5_scale(self) -> float:
+        """The factor on eq. 5's learning rate (--lr-scale; 1 when not given)."""
+        return 1.0 if self.lr_scale is None else self.lr_scale
+
+    @property
     def arch_name(self) -> str:
         """--arch, or the default preset when it was not given."""
         return self.arch or DEFAULT_ARCH
@@ -238,7 +245,7 @@ class TrainConfig:
                                  f"none)")
         for name in ("clip_norm", "lr_scale", "max_time", "save_interval_minutes",
                      "rdrop_alpha"):
-            if not math.isfinite(getattr(self, name)):
+            if getattr(self, name) is not None and not math.isfinite(getattr(self, name)):
                 raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got "
                                  f"{getattr(self, name)}")
         for name in ("max_update", "max_epoch", "save_interval_updates",
@@ -252,7 +259,7 @@ class TrainConfig:
             raise UsageError(f"--rdrop-alpha must be >= 0, got {self.rdrop_alpha}")
         if self.seed < 0:
             raise UsageError(f"--seed must be >= 0, got {self.seed}")
-        if self.lr_scale <= 0:
+        if self.lr_scale is not None and self.lr_scale <= 0:
             raise UsageError("--lr-scale must be > 0")
         self._check_schedule()
         if (self.max_update == 0 and self.max_epoch == 0 and self.max_time == 0
@@ -290,15 +297,18 @@ class TrainConfig:
         if self.weight_decay < 0 or self.warmup_init_lr < 0 or self.min_lr < 0:
             raise UsageError("--weight-decay, --warmup-init-lr and --min-lr must be >= 0")
         if self.lr_scheduler == "noam":
-            if self.lr is not None and self.lr_scale != 1.0:
+            # Given at all, whatever its value: 1.0 beside --lr is as ambiguous as 2.
+            if self.lr is not None and self.lr_scale is not None:
                 raise UsageError("--lr and --lr-scale both set the peak of eq. 5: give one")
             return
         name = f"--lr-scheduler {self.lr_scheduler}"
+        for flag, given in (("--lr-scale", self.lr_scale is not None),
+                            ("--lr-period", self.lr_period)):
+            if given:
+                raise UsageError(f"{flag} goes with --lr-scheduler noam, not "
+                                 f"{self.lr_scheduler}")
         if self.lr is None:
             raise UsageError(f"{name} needs --lr, the peak learning rate")
-        if self.lr_scale != 1.0 or self.lr_period:
-            raise UsageError(f"--lr-scale and --lr-period go with --lr-scheduler noam, not "
-                             f"{self.lr_scheduler}")
         if self.warmup_init_lr > self.lr or self.min_lr > self.lr:
             raise UsageError("--warmup-init-lr and --min-lr must not exceed --lr")
         if self.lr_scheduler == "cosine" and self.max_update <= self.warmup:

@@ -195,6 +195,10 @@ RUN_OPTIONS = {"warmup": "--warmup", "lr_scale": "--lr-scale", "lr_period": "--l
                "max_update": "--max-update", "best_checkpoint_metric": "--best-checkpoint-metric"}
 
 
+# Options whose "not given" (None) means a value: a run resumed with either is the same run.
+UNSET_MEANS = {"lr_scale": 1.0}
+
+
 def codec_difference(saved, current) -> str | None:
     """How two TextCodecs differ, in a few words; None when they encode alike."""
     if saved.same_as(current):
@@ -294,9 +298,12 @@ def changed_options(saved: Mapping[str, Any] | None, current: Any) -> list[str]:
         return []
     out = []
     for field, flag in RUN_OPTIONS.items():
-        new = getattr(current, field, None)
-        if field in saved and saved[field] != new:
-            out.append(f"{flag} {_fmt(new)} (was {_fmt(saved[field])})")
+        new, old = getattr(current, field, None), saved.get(field)
+        if field in UNSET_MEANS:
+            # not given is the value it stands for (checkpoints before it could be unset hold it)
+            new, old = (UNSET_MEANS[field] if v is None else v for v in (new, old))
+        if field in saved and old != new:
+            out.append(f"{flag} {_fmt(new)} (was {_fmt(old)})")
     return out
 
 

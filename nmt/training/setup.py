@@ -95,7 +95,7 @@ def build_model(cfg: TrainConfig, model_cfg: ModelConfig, share: bool, data, inf
 
 def build_trainer(cfg: TrainConfig, model, model_cfg: ModelConfig, device,
                   info: DistInfo) -> Trainer:
-    schedule = ScheduleSpec(cfg.lr_scheduler, cfg.warmup, cfg.lr_scale, cfg.lr_period, cfg.lr,
+    schedule = ScheduleSpec(cfg.lr_scheduler, cfg.warmup, cfg.eq5_scale, cfg.lr_period, cfg.lr,
                             cfg.warmup_init_lr, cfg.min_lr, cfg.max_update)
     return Trainer(model, label_smoothing=model_cfg.label_smoothing, d_model=model_cfg.d_model,
                    schedule=schedule, optimizer=cfg.optimizer, weight_decay=cfg.weight_decay,
