@@ -556,6 +556,19 @@ def test_sampling_top_k_keeps_k_tokens_even_on_ties():
     assert int(q.gt(0).sum()) == 2 and q[0, 4] == 0.5
 
 
+def test_sampling_temperature_sharpens_and_a_tiny_one_keeps_the_top_token():
+    from nmt.search.config import SamplingConfig
+    from nmt.search.sampling import filter_distribution
+
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.8, 0.0]])
+    q = filter_distribution(probs, SamplingConfig(temperature=0.5))
+    want = probs ** 2 / (probs ** 2).sum(1, keepdim=True)
+    assert torch.allclose(q, want, atol=1e-6)
+    # p ** (1 / 1e-40) overflows float32 however it is written: the limit, the top token
+    tiny = filter_distribution(probs, SamplingConfig(temperature=1e-40))
+    assert torch.equal(tiny, torch.tensor([[1.0, 0, 0, 0], [0, 0, 1.0, 0]]))
+
+
 def test_a_forced_prefix_token_keeps_its_probability_under_the_controls():
     """--no-repeat-ngram-size bans a token the prefix forces (A A with n = 1): the prefix
     wins with the model's probability, not the 1e-30 floor the ban left (-69.08)."""

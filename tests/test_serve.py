@@ -233,11 +233,12 @@ def test_samples_are_nmt_generates_for_each_request_whatever_shares_its_batch(se
     for fields, words in (({"topk": 5}, '"topk" goes with "sampling": true'),
                           ({"seed": 2, "sampling": False}, '"seed" goes with "sampling"'),
                           ({"sampling": 1}, '"sampling" must be true or false'),
-                          ({"sampling": True, "topk": -1}, "topk must be >= 0, got -1"),
-                          ({"sampling": True, "seed": -1}, "seed must be >= 0, got -1"),
-                          ({"sampling": True, "topp": 0}, "topp must be in (0, 1]"),
+                          ({"sampling": True, "topk": -1}, '"topk" must be >= 0, got -1'),
+                          ({"sampling": True, "seed": -1}, '"seed" must be >= 0, got -1'),
+                          ({"sampling": True, "topp": 0}, '"topp" must be in (0, 1]'),
                           ({"sampling": True, "seed": 1.5}, '"seed" must be an integer'),
-                          ({"sampling": True, "nbest": 7}, '"nbest" 7 is more samples'),
+                          ({"sampling": True, "nbest": 7}, '"nbest" must be between 1 and 6 samples'),
+                          ({"sampling": True, "nbest": 0}, '"nbest" must be between 1 and 6'),
                           ({"sampling": True, "diverse_beam_groups": 2},
                            'does not go with "sampling"'),
                           ({"sampling": True, "constraints": ["w3"]},
@@ -464,6 +465,43 @@ def test_a_bad_checkpoint_or_a_port_in_use_stops_with_one_line(server, tmp_path)
         assert r.returncode == 1 and r.stdout == "", r.stderr
         assert last.startswith("nmt-serve: error: ") and words in last, r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_batcher_never_mixes_sampling_with_beam_search_nor_two_seeds(ckpt):
+    """A sampling request and a greedy one have equal SearchConfigs (beam 1, nbest 1): their
+    sampling options alone keep them apart, as they keep two seeds apart."""
+    from nmt.search.config import SamplingConfig, SearchConfig
+    from nmt.search.translator import Translator
+    from nmt.serve.batching import Batcher
+
+    batches = []                            # per decoded batch: its sentences, its options
+
+    class Recording(Translator):
+        def translate_ids(self, ids, **kw):
+            batches.append((len(ids), self.search, self.sampling))
+            return super().translate_ids(ids, **kw)
+
+    lines = [x for x in mixed_lines(12, seed=10) if x.strip()]
+    greedy = SearchConfig(beam=1)
+    seeds = [SamplingConfig(topk=5, seed=k) for k in (1, 2)]
+    want = {None: Translator.from_checkpoint(ckpt, search=greedy).translate(lines)}
+    for c in seeds:
+        want[c] = Translator.from_checkpoint(ckpt, search=greedy, sampling=c).translate(lines)
+    assert len({tuple(w) for w in want.values()}) == 3        # three different outputs
+    translator = Translator.from_checkpoint(ckpt)
+    translator.__class__ = Recording
+    search = greedy.resolve(translator.search)
+    batcher = Batcher(translator, "tiny", max_tokens=4000, max_wait=0.3).start()
+    try:
+        ids = translator.src_codec.encode_batch(lines)
+        futures = {c: batcher.submit(search, ids, lines, sampling=c) for c in want}
+        for c, f in futures.items():
+            assert [r.text for r in f.result(60)] == want[c], c
+    finally:
+        batcher.stop()
+    assert sorted((repr(s) for n, _, s in batches if n == len(lines))) == sorted(
+        map(repr, want)), batches
+    assert all(s == search for _, s, _ in batches) and len(batches) == 3
 
 
 def test_batcher_respects_the_token_budget_and_never_mixes_options(ckpt):

@@ -30,8 +30,14 @@ from nmt.specials import EOS, PAD
 
 def filter_distribution(probs: Tensor, cfg: SamplingConfig) -> Tensor:
     """The distribution to draw from: temperature, then top-k, then top-p (unnormalized)."""
-    q = probs if cfg.temperature == 1.0 else probs.clamp(min=1e-30).log().div(
-        cfg.temperature).softmax(-1).masked_fill(probs.eq(0), 0.0)
+    if cfg.temperature == 1.0:
+        q = probs
+    else:
+        # relative to the most probable token, so that a tiny temperature cannot overflow the
+        # division (it then keeps the top token alone: greedy search's)
+        logp = probs.clamp(min=1e-30).log()
+        logp = logp - logp.max(dim=1, keepdim=True).values
+        q = logp.div(cfg.temperature).softmax(-1).masked_fill(probs.eq(0), 0.0)
     if cfg.topk and cfg.topk < q.size(1):
         # by position, not by value: tokens tied with the k-th would pass a value threshold
         keep = torch.zeros_like(q, dtype=torch.bool).scatter_(

@@ -152,8 +152,9 @@ async def _disconnect(request: Request) -> None:
 
 
 def reply(results, nbest: int) -> dict:
-    """The body of a 200: the best translation of each sentence, in order, and with ``nbest``
-    > 1 each sentence's hypotheses, best first, with their scores (nmt-generate's)."""
+    """The body of a 200: the best translation of each sentence (sampling: its first sample),
+    in order, and with ``nbest`` > 1 each sentence's hypotheses, best first (sampling: in the
+    order drawn), with their scores (nmt-generate's)."""
     out: dict = {"translations": [r.text for r in results]}
     if nbest > 1:
         out["nbest"] = [[{"translation": h.text, "score": round_score(h.score)}

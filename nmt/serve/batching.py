@@ -252,8 +252,7 @@ class Batcher:
         # shares the models; only the options differ
         translator = copy.copy(self.translator)
         translator.search = items[0].job.search
-        if items[0].job.sampling is not None:
-            translator.sampling = items[0].job.sampling
+        translator.sampling = items[0].job.sampling
         prefixes = [it.prefix for it in items] if any(len(it.prefix) for it in items) else None
         constraints = ([it.constraints for it in items]
                        if any(len(it.constraints) for it in items) else None)

@@ -9,7 +9,8 @@
      "unkpen": 0.0, "replace_unk": false,
      "diverse_beam_groups": 1, "diverse_beam_strength": 0.5,
      "nbest": 1,                                   hypotheses per sentence, best first (at most
-                                                   the beam): > 1 adds "nbest" to the reply
+                                                   the beam; sampling: samples, at most
+                                                   --max-beam): > 1 adds "nbest" to the reply
      "sampling": false,                            draw each output token instead of beam
      "topk": 0, "topp": 1.0,                       search (nmt-generate's --sampling, --topk
      "temperature": 1.0, "seed": 1,                ...): a sentence draws from (seed, its
@@ -181,7 +182,8 @@ def _sampling(obj: Mapping[str, Any], served: ServedModel) -> SamplingConfig | N
     try:
         return SamplingConfig(**given)
     except NmtError as e:
-        raise RequestError(400, str(e).replace("--", "")) from None
+        # the request's names: "topk", not the command line's --topk
+        raise RequestError(400, re.sub(r"--(\w+)", r'"\1"', str(e))) from None
 
 
 def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig,
@@ -195,11 +197,12 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig,
     controls = {k: v for k, integer in CONTROLS.items()
                 if (v := _number(obj, k, integer)) is not None}
     if sampling:
-        # As nmt-generate: "nbest" samples whatever the beam, which only bounds them.
-        if nbest is not None and nbest > cfg.max_beam:
-            raise RequestError(400, f"\"nbest\" {nbest} is more samples than this server "
-                                    f"draws for a sentence ({cfg.max_beam}, --max-beam)")
-        beam = max(beam or 1, nbest or 1)
+        # "nbest" samples a sentence, whatever the beam, which samples do not use: the search
+        # (and what a request and a batch are charged for it) is "nbest" rows a sentence.
+        if nbest is not None and not 1 <= nbest <= cfg.max_beam:
+            raise RequestError(400, f"\"nbest\" must be between 1 and {cfg.max_beam} samples "
+                                    f"a sentence (--max-beam), got {nbest}")
+        beam = nbest or 1
         if controls.get("diverse_beam_groups", 1) > 1:
             raise RequestError(400, "\"diverse_beam_groups\" is beam search's: it does not "
                                     "go with \"sampling\"")
