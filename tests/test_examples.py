@@ -291,6 +291,33 @@ def test_multi30k_tiny_end_to_end(tmp_path):
     assert f"--beam {best['beam']} --lenpen {best['alpha']}" in \
         next(line for line in p.stderr.splitlines() if "nmt-generate" in line
              and "test_2016_flickr.en" in line)
+    # an alpha at the top of the grid is chosen with a warning that val may rise past it
+    assert ("is the largest the tune grid tries" in p.stderr) == (best["alpha"] == 1.0), \
+        p.stderr
+
+
+def test_multi30k_tune_grid_from_the_command_line(tmp_path):
+    def tuned(*extra):
+        out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                          "--work-dir", tmp_path, *extra).stdout
+        return [re.search(r"--beam (\d+) --lenpen ([\d.]+)", c).groups()
+                for c in commands(out) if "nmt-generate" in c and "raw/val.en" in c]
+
+    assert tuned() == [(b, a) for b in ("4", "5") for a in ("0.6", "1.0", "1.5")]
+    assert tuned("--tune-alphas", "1.5,2.5,3") == [
+        (b, a) for b in ("4", "5") for a in ("1.5", "2.5", "3.0")]
+    assert tuned("--tune-beams", "4,8", "--tune-alphas", "2,2.5") == [
+        (b, a) for b in ("4", "8") for a in ("2.0", "2.5")]
+    # a recipe without a grid tunes around its own decoding pair (beam 4, alpha 0.6)
+    out = run_example("multi30k/run.py", "--recipe", "converge", "--dry-run", "--work-dir",
+                      tmp_path / "c", "--tune-beams", "4,5").stdout
+    assert [c for c in commands(out) if "raw/val.en" in c and "--beam 5 --lenpen 0.6" in c]
+    for bad, words in ((("--tune-beams", "0"), "0 is not a beam"),
+                       (("--tune-alphas", "x"), "expected comma-separated numbers"),
+                       (("--tune-alphas", "11"), "11.0 is not a length-penalty alpha")):
+        p = run_example("multi30k/run.py", "--dry-run", "--work-dir", tmp_path, *bad,
+                        check=False)
+        assert p.returncode == 2 and words in p.stderr, p.stderr
 
 
 def test_multi30k_other_test_sets_are_decoded_once_each_with_the_tuned_pair(tmp_path):

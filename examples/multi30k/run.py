@@ -217,6 +217,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "test_2017_flickr, test_2017_mscoco and test_2018_flickr (downloaded "
                          "when MULTI30K_DIR is not given), or NAME.en and NAME.TARGET of your "
                          "own in MULTI30K_DIR (default: %(default)s)")
+    ap.add_argument("--tune-beams", type=number_list(int), default=None, metavar="B[,B...]",
+                    help="the beams the tune stage tries on val (default: the recipe's; "
+                         "with --tune-alphas alone, the recipe's beams)")
+    ap.add_argument("--tune-alphas", type=number_list(float), default=None,
+                    metavar="A[,A...]",
+                    help="the length-penalty alphas the tune stage tries on val, each with "
+                         "each beam (default: the recipe's); a recipe without a grid tunes "
+                         "when either is given")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -230,6 +238,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.work_dir is None:
         args.work_dir = Path(f"multi30k_en_{args.target}")
     return args
+
+
+def number_list(kind):
+    """argparse type: '4,5,8' -> (4, 5, 8), each a positive ``kind``."""
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(kind(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got "
+                                             f"{text!r}") from None
+        bad = next((v for v in values if not (v > 0 if kind is int else 0 <= v <= 10)), None)
+        if bad is not None:
+            raise argparse.ArgumentTypeError(
+                f"{bad} is not a {'beam (>= 1)' if kind is int else 'length-penalty alpha (0-10)'}")
+        return tuple(dict.fromkeys(values))        # in order, once each
+    return parse
+
+
+def tune_grid(rec: TrainingRecipe, beams: tuple[int, ...] | None,
+              alphas: tuple[float, ...] | None) -> tuple[tuple[int, float], ...]:
+    """The recipe's (beam, alpha) grid, or the one --tune-beams/--tune-alphas give: each beam
+    with each alpha, what is not given taken from the recipe (its grid's, else its decoding
+    pair's)."""
+    if beams is None and alphas is None:
+        return rec.tune
+    own_beams = tuple(dict.fromkeys(b for b, _ in rec.tune)) or (rec.beam,)
+    own_alphas = tuple(dict.fromkeys(a for _, a in rec.tune)) or (rec.lenpen,)
+    return tuple((b, a) for b in beams or own_beams for a in alphas or own_alphas)
+
+
+def at_the_top(grid, pair: tuple[int, float]) -> bool:
+    """Whether a tuned pair's alpha is the largest of several the grid tried: validation may
+    still rise past it."""
+    alphas = {a for _, a in grid}
+    return len(alphas) > 1 and pair[1] == max(alphas)
 
 
 def split_dir(raw: Path, split: str) -> Path:
@@ -401,6 +444,9 @@ def decode_and_score(r: Recipe, stages: set[str], d: Decoding, grid, default: tu
     if "tune" in stages and grid:
         beam, lenpen = tune(r, d.tune_name, grid, default, d.models, raw, d.results, tgt,
                             threads)
+        if not r.dry_run and at_the_top(grid, (beam, lenpen)):
+            log.warning("alpha %g, chosen on val, is the largest the tune grid tries: val may "
+                        "rise past it (try --tune-alphas with larger ones)", lenpen)
     elif grid and (d.results / "tuning.json").exists() and not r.dry_run:
         # --stages without tune: the pair an earlier tune stage chose, not the defaults
         beam, lenpen = tuned_pair(d.results / "tuning.json")
@@ -508,7 +554,8 @@ def main(argv: list[str] | None = None) -> None:
                    describe=f"train (seed {seed}); resumes from checkpoint_last.pt after an "
                             f"interruption")
 
-        grid = TINY_TUNE if args.tiny else rec.tune
+        grid = (TINY_TUNE if args.tiny and args.tune_beams is None and args.tune_alphas is None
+                else tune_grid(rec, args.tune_beams, args.tune_alphas))
         if "train" in stages:
             train(1)
         single = Decoding(name=run, tune_name=f"tune-{save_dirs[0].name}", models=models[:1],
