@@ -24,9 +24,10 @@ def main(checkpoints, device, precision, threads, verbose, quiet, **options):
     POST /translate with {"text": [...]} (and "model" when several are served; "beam",
     "lenpen", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size", "unkpen",
     "replace_unk", "diverse_beam_groups", "diverse_beam_strength", "nbest" as nmt-generate's
-    options, "prefix" and "constraints" as its jsonl fields) answers {"translations": [...]},
-    in order, as nmt-generate translates them; with "nbest" N > 1 also {"nbest": [...]}, each
-    sentence's N best {"translation", "score"}.
+    options, "sampling": true with "topk", "topp", "temperature", "seed" as its --sampling,
+    "prefix" and "constraints" as its jsonl fields) answers {"translations": [...]}, in order,
+    as nmt-generate translates them; with "nbest" N > 1 also {"nbest": [...]}, each
+    sentence's N best {"translation", "score"} (sampling: N samples, in the order drawn).
     Concurrent requests with equal decoding options are decoded together (--max-batch-tokens,
     --max-wait-ms). GET /health: alive; GET /ready: models loaded. Logs go to stderr.
 

@@ -42,7 +42,8 @@ class ServeConfig:
     max_sentence_tokens: int = option(
         1024, "Longest sentence in subwords (413 above; also capped by what each model "
               "accepts): nmt-serve refuses what nmt-generate would truncate.")
-    max_beam: int = option(16, "Largest \"beam\" a request may ask for (400 above).")
+    max_beam: int = option(16, "Largest \"beam\" a request may ask for, and most samples "
+                               "(\"nbest\") a sampling one may (400 above).")
     max_output_tokens: int = option(
         2048, "Longest output a request's own \"max_len_a\" and \"max_len_b\" may allow for "
               "its longest sentence (400 above).")

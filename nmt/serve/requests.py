@@ -314,12 +314,14 @@ def encode(req: TranslateRequest, cfg: ServeConfig
         from nmt.serve.batching import step_limits
 
         steps = s.beam * sum(step_limits(ids, s, t.max_positions))
+        rows = "beam" if req.sampling is None else "nbest"      # sampling: nbest rows
         if steps > cfg.max_request_search_tokens:
             raise RequestError(413, f"this request asks for up to {steps} search steps "
-                                    f"(beam {s.beam} x each sentence's length limit + 1); this "
-                                    f"server takes at most {cfg.max_request_search_tokens} in "
-                                    f"one request (--max-request-search-tokens): send fewer "
-                                    f"sentences, a smaller beam or a lower max_len_b")
+                                    f"({rows} {s.beam} x each sentence's length limit + 1); "
+                                    f"this server takes at most "
+                                    f"{cfg.max_request_search_tokens} in one request "
+                                    f"(--max-request-search-tokens): send fewer sentences, a "
+                                    f"smaller {rows} or a lower max_len_b")
     prefixes = None
     if req.prefixes is not None:
         # One string for every sentence is encoded once.
