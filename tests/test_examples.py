@@ -308,6 +308,12 @@ def test_multi30k_tune_grid_from_the_command_line(tmp_path):
         (b, a) for b in ("4", "5") for a in ("1.5", "2.5", "3.0")]
     assert tuned("--tune-beams", "4,8", "--tune-alphas", "2,2.5") == [
         (b, a) for b in ("4", "8") for a in ("2.0", "2.5")]
+    # --tiny's own grid stays the base of a grid given in part
+    out = run_example("multi30k/run.py", "--tiny", "--dry-run", "--work-dir", tmp_path / "t",
+                      "--tune-alphas", "0.6,2").stdout
+    assert [re.search(r"--beam (\d+) --lenpen ([\d.]+)", c).groups() for c in commands(out)
+            if "nmt-generate" in c and "raw/val.en" in c] == [
+        (b, a) for b in ("1", "2") for a in ("0.6", "2.0")]
     # a recipe without a grid tunes around its own decoding pair (beam 4, alpha 0.6)
     out = run_example("multi30k/run.py", "--recipe", "converge", "--dry-run", "--work-dir",
                       tmp_path / "c", "--tune-beams", "4,5").stdout

@@ -229,6 +229,8 @@ def test_samples_are_nmt_generates_for_each_request_whatever_shares_its_batch(se
         {"text": halves[0], **options, "seed": 8}).encode())
     assert status == 200 and other["translations"] != [t for t, _ in expected[0]]
     one = translate(server.url, text=halves[0], sampling=True, seed=3)
+    # the beam, which samples do not use, is not bounded for them (nmt-generate takes it too)
+    assert translate(server.url, text=halves[0], sampling=True, seed=3, beam=100) == one
     assert one == generate(ckpt, tmp_path, halves[0], "--sampling", "--seed", 3)
     for fields, words in (({"topk": 5}, '"topk" goes with "sampling": true'),
                           ({"seed": 2, "sampling": False}, '"seed" goes with "sampling"'),

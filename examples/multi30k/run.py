@@ -257,14 +257,16 @@ def number_list(kind):
 
 
 def tune_grid(rec: TrainingRecipe, beams: tuple[int, ...] | None,
-              alphas: tuple[float, ...] | None) -> tuple[tuple[int, float], ...]:
-    """The recipe's (beam, alpha) grid, or the one --tune-beams/--tune-alphas give: each beam
-    with each alpha, what is not given taken from the recipe (its grid's, else its decoding
-    pair's)."""
+              alphas: tuple[float, ...] | None,
+              own: tuple[tuple[int, float], ...] | None = None) -> tuple[tuple[int, float], ...]:
+    """The recipe's (beam, alpha) grid (``own``: another, e.g. --tiny's), or the one
+    --tune-beams/--tune-alphas give: each beam with each alpha, what is not given taken from
+    that grid, else from the recipe's decoding pair."""
+    own = rec.tune if own is None else own
     if beams is None and alphas is None:
-        return rec.tune
-    own_beams = tuple(dict.fromkeys(b for b, _ in rec.tune)) or (rec.beam,)
-    own_alphas = tuple(dict.fromkeys(a for _, a in rec.tune)) or (rec.lenpen,)
+        return own
+    own_beams = tuple(dict.fromkeys(b for b, _ in own)) or (rec.beam,)
+    own_alphas = tuple(dict.fromkeys(a for _, a in own)) or (rec.lenpen,)
     return tuple((b, a) for b in beams or own_beams for a in alphas or own_alphas)
 
 
@@ -554,8 +556,8 @@ def main(argv: list[str] | None = None) -> None:
                    describe=f"train (seed {seed}); resumes from checkpoint_last.pt after an "
                             f"interruption")
 
-        grid = (TINY_TUNE if args.tiny and args.tune_beams is None and args.tune_alphas is None
-                else tune_grid(rec, args.tune_beams, args.tune_alphas))
+        grid = tune_grid(rec, args.tune_beams, args.tune_alphas,
+                         TINY_TUNE if args.tiny else None)
         if "train" in stages:
             train(1)
         single = Decoding(name=run, tune_name=f"tune-{save_dirs[0].name}", models=models[:1],

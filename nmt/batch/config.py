@@ -59,9 +59,9 @@ class GenerateConfig:
     max_len_b: int | None = option(SearchConfig.max_len_b,
                                    "... and b [default: the preset's, 50].")
     nbest: int = option(
-        SearchConfig.nbest, "Hypotheses per sentence (<= beam; with --sampling, samples, any number). Text output: NBEST lines per "
-                            "input line, best first, empty lines filling up; jsonl: an 'nbest' "
-                            "list.")
+        SearchConfig.nbest, "Hypotheses per sentence (<= beam; with --sampling, samples, "
+                            "any number). Text output: NBEST lines per input line, best "
+                            "first, empty lines filling up; jsonl: an 'nbest' list.")
     # --- controls (nmt.search.controls), as fairseq-generate's ---
     min_len: int | None = option(
         SearchConfig.min_len, "No eos before this many output tokens (subwords; at the length "

@@ -198,6 +198,8 @@ class TranslatorBase:
             raise ValueError(f"{len(lines)} line numbers for {n} sources")
         # The index is the 0-based line of the whole input ("id" in jsonl output), not of this
         # call's chunk: a command translating a stream chunk by chunk passes ``first_line``.
+        # (It follows ``first_line`` even with ``lines``: a caller gathering several inputs,
+        # as nmt-serve does, sets each result's index itself.)
         results = [Translation(first_line - 1 + i, sources[i]) for i in range(n)]
         arrays: list[np.ndarray] = []
         for i, x in enumerate(ids):

@@ -190,7 +190,7 @@ def _search(obj: Mapping[str, Any], served: ServedModel, cfg: ServeConfig,
             sampling: bool = False) -> SearchConfig:
     """The request's decoding options, unset ones from the model's preset."""
     beam = _number(obj, "beam", True)
-    if beam is not None and beam > cfg.max_beam:
+    if beam is not None and beam > cfg.max_beam and not sampling:      # samples do not use it
         raise RequestError(400, f"\"beam\" {beam} is larger than this server allows "
                                 f"({cfg.max_beam}, --max-beam)")
     nbest = _number(obj, "nbest", True)
