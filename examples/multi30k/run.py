@@ -217,10 +217,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "test_2017_flickr, test_2017_mscoco and test_2018_flickr (downloaded "
                          "when MULTI30K_DIR is not given), or NAME.en and NAME.TARGET of your "
                          "own in MULTI30K_DIR (default: %(default)s)")
-    ap.add_argument("--tune-beams", type=number_list(int), default=None, metavar="B[,B...]",
+    ap.add_argument("--tune-beams", type=grid_values("beam", int), default=None,
+                    metavar="B[,B...]",
                     help="the beams the tune stage tries on val (default: the recipe's; "
                          "with --tune-alphas alone, the recipe's beams)")
-    ap.add_argument("--tune-alphas", type=number_list(float), default=None,
+    ap.add_argument("--tune-alphas", type=grid_values("lenpen", float), default=None,
                     metavar="A[,A...]",
                     help="the length-penalty alphas the tune stage tries on val, each with "
                          "each beam (default: the recipe's); a recipe without a grid tunes "
@@ -240,18 +241,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def number_list(kind):
-    """argparse type: '4,5,8' -> (4, 5, 8), each a positive ``kind``."""
+def grid_values(field: str, kind):
+    """argparse type: '4,5,8' -> (4, 5, 8), each a value nmt-generate takes for the
+    SearchConfig ``field`` (beam or lenpen), checked by SearchConfig itself."""
+    from nmt.search.config import LENPEN_MAX, SearchConfig
+
+    what = "beam (>= 1)" if field == "beam" else f"length-penalty alpha (0-{LENPEN_MAX:g})"
+
     def parse(text: str) -> tuple:
         try:
             values = tuple(kind(x) for x in text.split(","))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got "
                                              f"{text!r}") from None
-        bad = next((v for v in values if not (v > 0 if kind is int else 0 <= v <= 10)), None)
-        if bad is not None:
-            raise argparse.ArgumentTypeError(
-                f"{bad} is not a {'beam (>= 1)' if kind is int else 'length-penalty alpha (0-10)'}")
+        for v in values:
+            try:
+                SearchConfig(**{field: v})
+            except NmtError:
+                raise argparse.ArgumentTypeError(f"{v} is not a {what}") from None
         return tuple(dict.fromkeys(values))        # in order, once each
     return parse
 

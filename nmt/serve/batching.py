@@ -65,6 +65,11 @@ class _Job:
     turn: int = -1             # the number of the last batch it led or joined (-1: none yet)
     sampling: SamplingConfig | None = None     # None: beam search
 
+    @property
+    def options(self) -> tuple:
+        """What decodes its sentences: only jobs with equal options share a batch."""
+        return self.search, self.sampling
+
 
 @dataclass
 class _Item:
@@ -224,14 +229,14 @@ class Batcher:
         """The waiting sentences with the options of ``job``, its own first, then the others
         oldest first, that fit in one batch (always at least one); and whether the batch is
         full."""
-        search, options = job.search, (job.search, job.sampling)
+        search, options = job.search, job.options
         chosen: list[_Item] = []
         width = steps = 0                # longest source in the batch with eos; most steps
         # lazily: the loop stops at the first sentence that would not fit
         ordered = itertools.chain((x for x in self._pending if x.job is job),
                                   (x for x in self._pending if x.job is not job))
         for item in ordered:
-            if (item.job.search, item.job.sampling) != options:
+            if item.job.options != options:
                 continue
             w, t = max(width, item.ids.size + 1), max(steps, item.steps)
             n = len(chosen) + 1

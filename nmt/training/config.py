@@ -44,6 +44,11 @@ def parse_duration(text: str | float | None) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+# Options whose "not given" (None) stands for a value: the run is the one that value gives
+# (a resumed run compares them so: checkpoints before they could be unset hold the value).
+UNSET_MEANS = {"lr_scale": 1.0}
+
+
 @dataclass
 class TrainConfig:
     """Everything about a run that is not the model architecture (saved in checkpoints)."""
@@ -214,7 +219,7 @@ class TrainConfig:
     @property
     def eq5_scale(self) -> float:
         """The factor on eq. 5's learning rate (--lr-scale; 1 when not given)."""
-        return 1.0 if self.lr_scale is None else self.lr_scale
+        return UNSET_MEANS["lr_scale"] if self.lr_scale is None else self.lr_scale
 
     @property
     def arch_name(self) -> str:
@@ -316,5 +321,5 @@ class TrainConfig:
                              f"reaches --min-lr)")
 
 
-__all__ = ["TrainConfig", "METRICS", "OPTIMIZERS", "SCHEDULES", "DEFAULT_ARCH",
+__all__ = ["TrainConfig", "UNSET_MEANS", "METRICS", "OPTIMIZERS", "SCHEDULES", "DEFAULT_ARCH",
            "parse_duration"]

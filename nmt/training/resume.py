@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from nmt.errors import NmtError
+from nmt.training.config import UNSET_MEANS
 
 log = logging.getLogger("nmt.train")
 
@@ -193,10 +194,6 @@ RUN_OPTIONS = {"warmup": "--warmup", "lr_scale": "--lr-scale", "lr_period": "--l
                "precision": "--precision",
                # the end of a cosine or linear schedule; which checkpoint counts as best
                "max_update": "--max-update", "best_checkpoint_metric": "--best-checkpoint-metric"}
-
-
-# Options whose "not given" (None) means a value: a run resumed with either is the same run.
-UNSET_MEANS = {"lr_scale": 1.0}
 
 
 def codec_difference(saved, current) -> str | None:
