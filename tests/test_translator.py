@@ -155,6 +155,11 @@ def test_sources_given_their_own_line_numbers_sample_and_warn_as_those_lines(tmp
     assert [r.text for r in t.translate_ids(ids)][6:] != [r.text for r in alone[1]]
     with pytest.raises(ValueError, match="3 line numbers for 2 sources"):
         t.translate_ids(ids[:2], lines=[1, 2, 3])
+    # the library refuses what nmt-generate and nmt-serve refuse by their own names
+    groups = Translator.from_checkpoint(ckpt, sampling=SamplingConfig(seed=2),
+                                        search=SearchConfig(beam=4, diverse_beam_groups=2))
+    with pytest.raises(UsageError, match="diverse beam groups .* do not go with sampling"):
+        groups.translate_ids(ids[:2])
     short = Translator.from_checkpoint(ckpt, batch=BatchConfig(max_source_len=2))
     with caplog.at_level(logging.WARNING, logger="nmt"):
         short.translate_ids(ids[:2], lines=[7, 3])

@@ -60,6 +60,8 @@ def sample(model, src_tokens: Tensor, search: SearchConfig, cfg: SamplingConfig,
     eos-terminated); ``lines[b]`` is sentence b's line number (part of its seed).
     ``constraints``: as beam search's (tree constraints, forced prefixes), applied to every
     sample row before it draws."""
+    if search.diverse_beam_groups > 1:      # (nmt-generate and nmt-serve refuse it by name)
+        raise UsageError("diverse beam groups are beam search's: they do not go with sampling")
     n, bsz = search.nbest, src_tokens.size(0)
     src_lengths = src_tokens.ne(PAD).sum(1) - 1
     max_len = max_lengths(src_lengths, search, model.max_positions)         # [B]
