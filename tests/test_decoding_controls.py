@@ -184,6 +184,13 @@ def test_bad_control_values():
         SearchConfig(diverse_beam_groups=3).resolve()
 
 
+def test_sampling_searches_nbest_rows_whatever_the_beam():
+    # (samples do not use the beam: batches are sized by the rows a sentence really takes)
+    for beam in (None, 1, 8):
+        assert GenerateConfig(sampling=True, beam=beam, nbest=2).search.beam == 2
+    assert GenerateConfig(beam=8, nbest=2).search.beam == 8
+
+
 # --- --replace-unk: a model trained to reverse sequences, some words unknown to it ----------
 
 KNOWN = [f"w{i}" for i in range(16)]

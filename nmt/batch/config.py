@@ -232,8 +232,9 @@ class GenerateConfig:
     @property
     def search(self) -> SearchConfig:
         """The decoding options (unset ones: the checkpoint's preset)."""
-        # Sampling draws --nbest samples whatever the beam; the beam only bounds nbest.
-        beam = max(self.beam or 1, self.nbest) if self.sampling else self.beam
+        # Sampling draws --nbest samples whatever --beam says, so its search is --nbest rows a
+        # sentence (what batches are sized by), as nmt-serve's sampling requests are.
+        beam = self.nbest if self.sampling else self.beam
         return SearchConfig(beam=beam, lenpen=self.lenpen, lenpen_formula=self.lenpen_formula,
                             max_len_a=self.max_len_a,
                             max_len_b=self.max_len_b, nbest=self.nbest,
