@@ -152,6 +152,7 @@ def test_sources_given_their_own_line_numbers_sample_and_warn_as_those_lines(tmp
     alone = [t.translate_ids(ids[:6]), t.translate_ids(ids[6:])]
     mixed = t.translate_ids(ids, lines=[*range(1, 7), *range(1, len(ids) - 5)])
     assert [r.text for r in mixed] == [r.text for part in alone for r in part]
+    assert [r.index for r in mixed] == [*range(6), *range(len(ids) - 6)]
     assert [r.text for r in t.translate_ids(ids)][6:] != [r.text for r in alone[1]]
     with pytest.raises(ValueError, match="3 line numbers for 2 sources"):
         t.translate_ids(ids[:2], lines=[1, 2, 3])

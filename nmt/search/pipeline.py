@@ -186,9 +186,9 @@ class TranslatorBase:
         nmt.search.prefix); ``constraints``: per source, the target ids (without eos) of each
         phrase its translation must contain (nmt.search.lexical); ``scores`` as
         :meth:`translate_results` takes it. ``lines``: each source's own 1-based line number
-        (default ``first_line + i``), which messages name and sampling seeds draw from: a
-        caller that gathers sentences of several inputs into one call (nmt-serve) gives each
-        the number it has in its own input."""
+        (default ``first_line + i``), which messages name, sampling seeds draw from and each
+        result's ``index`` is (less 1): a caller that gathers sentences of several inputs into
+        one call (nmt-serve) gives each the number it has in its own input."""
         n = len(ids)
         if sources is None:
             sources = [self.src_codec.decode(x) for x in ids]
@@ -197,10 +197,9 @@ class TranslatorBase:
         elif len(lines) != n:
             raise ValueError(f"{len(lines)} line numbers for {n} sources")
         # The index is the 0-based line of the whole input ("id" in jsonl output), not of this
-        # call's chunk: a command translating a stream chunk by chunk passes ``first_line``.
-        # (It follows ``first_line`` even with ``lines``: a caller gathering several inputs,
-        # as nmt-serve does, sets each result's index itself.)
-        results = [Translation(first_line - 1 + i, sources[i]) for i in range(n)]
+        # call's chunk: a command translating a stream chunk by chunk passes ``first_line``;
+        # a caller gathering several inputs (nmt-serve) passes each source's own ``lines``.
+        results = [Translation(lines[i] - 1, sources[i]) for i in range(n)]
         arrays: list[np.ndarray] = []
         for i, x in enumerate(ids):
             a, results[i].truncated = self.source_array(x, lines[i])

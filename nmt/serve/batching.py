@@ -283,15 +283,15 @@ class Batcher:
             for key in jobs:
                 self._decode([it for it in items if id(it.job) == key])
             return
+        # logged before any reply goes out, so that a client that has its reply finds the line
+        log.debug("model '%s': %d sentences from %d requests in %.1f ms", self.name, len(items),
+                  len({id(it.job) for it in items}), 1000 * (time.perf_counter() - start))
         for it, result in zip(items, results):
             job = it.job
-            result.index = it.index
-            job.results[it.index] = result
+            job.results[it.index] = result      # (its .index is it.index: lines= gave it)
             job.left -= 1
             if job.left == 0:
                 _settle(job.future, result=job.results)
-        log.debug("model '%s': %d sentences from %d requests in %.1f ms", self.name, len(items),
-                  len({id(it.job) for it in items}), 1000 * (time.perf_counter() - start))
 
 
 def step_limits(ids: Sequence[np.ndarray], search: SearchConfig,
