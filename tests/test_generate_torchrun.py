@@ -177,8 +177,9 @@ def test_real_torchrun_reading_stdin_fails_in_one_line(f, tmp_path):
                         str(tmp_path / "out.txt")], input="a b\n", capture_output=True,
                        text=True, env=ENV, timeout=180)
     assert r.returncode != 0
+    # each rank refuses in one line; torchrun may stop the second before it writes its own
     ours = [ln for ln in r.stderr.splitlines() if ln.startswith("nmt-generate: error: ")]
-    assert len(ours) == 2 and all("needs --input FILE" in ln for ln in ours), r.stderr
+    assert len(ours) in (1, 2) and all("needs --input FILE" in ln for ln in ours), r.stderr
 
 
 def test_rank_0_holds_the_outputs_lock_and_each_rank_its_shards(f, tmp_path):
