@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -145,8 +146,19 @@ def test_multi30k_literature_dry_run(tmp_path):
     assert "--vocab-size 10000" in pre and "data-bin-10000" in train
     # beam and alpha are chosen on the validation split, scored as the literature scores
     assert len(tuning) == 12 and all("raw/val." in c for c in tuning)
+    assert all("checkpoint_avg10.pt" in c for c in tuning[::2])
     assert "--beam 5 --lenpen 1.5" in tuning[10] and "--lowercase" in tuning[11]
     assert "test_2016" not in " ".join(tuning)
+    assert "--keep-last 12" in train and "[average-" not in out
+    # --tune-windows: the averages of the last N are tried as well (the run writes its own 10)
+    out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                      "--work-dir", tmp_path, "--tune-windows", "5,10,12").stdout
+    tuning = [c for c in commands(out) if "raw/val." in c]
+    assert len(tuning) == 36 and "checkpoint_avg5.pt" in tuning[0]
+    assert "checkpoint_avg12.pt" in tuning[34] and "--beam 5 --lenpen 1.5" in tuning[34]
+    for w in (5, 12):
+        assert f"# [average-checkpoints-literature-{w}] average the last {w} " in out
+    assert "[average-checkpoints-literature-10]" not in out
     for opt in ("--arch transformer_tiny --override encoder_layers=4 --override decoder_layers=4 --override d_model=128 "
                 "--override d_ff=256 --override heads=4 --override dropout=0.3", "--max-update 8000", "--warmup 2000",
                 "--lr-scale 2.53", "--average-last 10", "--validate-interval-updates 1000"):
@@ -308,6 +320,11 @@ def test_multi30k_tune_grid_from_the_command_line(tmp_path):
         (b, a) for b in ("4", "5") for a in ("1.5", "2.5", "3.0")]
     assert tuned("--tune-beams", "4,8", "--tune-alphas", "2,2.5") == [
         (b, a) for b in ("4", "8") for a in ("2.0", "2.5")]
+    out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run", "--work-dir",
+                      tmp_path, "--tune-windows", "12,10,12", "--tune-beams", "4",
+                      "--tune-alphas", "1").stdout
+    assert [re.search(r"checkpoint_avg(\d+)\.pt", c).group(1) for c in commands(out)
+            if "nmt-generate" in c and "raw/val.en" in c] == ["12", "10"]
     # --tiny's own grid stays the base of a grid given in part
     out = run_example("multi30k/run.py", "--tiny", "--dry-run", "--work-dir", tmp_path / "t",
                       "--tune-alphas", "0.6,2").stdout
@@ -319,6 +336,8 @@ def test_multi30k_tune_grid_from_the_command_line(tmp_path):
                       tmp_path / "c", "--tune-beams", "4,5").stdout
     assert [c for c in commands(out) if "raw/val.en" in c and "--beam 5 --lenpen 0.6" in c]
     for bad, words in ((("--tune-beams", "0"), "0 is not a beam"),
+                       (("--tune-windows", "5,0"), "0 is not a number of checkpoints"),
+                       (("--tune-windows", "2.5"), "expected comma-separated whole numbers"),
                        (("--tune-alphas", "x"), "expected comma-separated numbers"),
                        (("--tune-alphas", "11"), "11.0 is not a length-penalty alpha")):
         p = run_example("multi30k/run.py", "--dry-run", "--work-dir", tmp_path, *bad,
@@ -975,6 +994,70 @@ def test_multi30k_a_shorter_max_update_than_the_finished_run_is_refused(tmp_path
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and last.startswith("multi30k/run.py: error: "), p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.slow        # ~15 s; CI runs it (.ci/run: -m slow)
+def test_multi30k_tune_stage_chooses_the_average_on_val(tmp_path):
+    """--tune-windows 1,2 (--tiny: a checkpoint every 2 updates): each average is the mean of
+    the run's last N checkpoints, each is decoded on val with each pair, and the test set
+    with the best of them all; --stages without tune decodes with that choice."""
+    args = ("--tiny", "--recipe", "literature", "--tune-windows", "1,2", "--work-dir", tmp_path)
+    p = run_example("multi30k/run.py", *args)
+    ckpt = tmp_path / "checkpoints-tiny"
+    assert "--save-interval-updates 2 --keep-last 3" in p.stderr
+    last = [load_checkpoint(ckpt / f"checkpoint_{u}.pt")["model"] for u in (4, 6)]
+    avg1, avg2 = (load_checkpoint(ckpt / f"checkpoint_avg{n}.pt")["model"] for n in (1, 2))
+    for k, v in last[1].items():
+        if v.is_floating_point():
+            assert torch.equal(avg1[k], v), k
+            assert torch.allclose(avg2[k], (last[0][k] + v) / 2, atol=1e-6), k
+    assert not all(torch.equal(avg2[k], last[1][k]) for k in avg2)
+    tuning = json.loads((tmp_path / "results-tiny" / "tuning.json").read_text())
+    assert [(x["window"], x["beam"], x["alpha"]) for x in tuning["rows"]] == [
+        (w, b, a) for w in (1, 2) for b, a in ((1, 0.6), (2, 1.0))]
+    best = tuning["best"]
+    assert best["multi_bleu"] == max(x["multi_bleu"] for x in tuning["rows"])
+    test_cmd = next(line for line in p.stderr.splitlines() if "nmt-generate" in line
+                    and "test_2016_flickr.en" in line)
+    assert f"checkpoint_avg{best['window']}.pt " in test_cmd
+    assert f"--beam {best['beam']} --lenpen {best['alpha']}" in test_cmd
+    again = run_example("multi30k/run.py", *args)
+    for step in ("average-checkpoints-tiny-1", "average-checkpoints-tiny-2",
+                 "tune-checkpoints-tiny", "generate-tiny"):
+        assert f"{step}: already complete, skipping" in again.stderr, step
+    again = run_example("multi30k/run.py", *args, "--stages", "generate,score")
+    assert f"window {best['window']} beam {best['beam']} alpha {best['alpha']}: chosen on " \
+        f"val" in again.stderr
+    assert "generate-tiny: already complete, skipping" in again.stderr
+
+
+def test_multi30k_tune_windows_dry_run(tmp_path):
+    # a recipe that averages nothing has no windows to try
+    p = run_example("multi30k/run.py", "--dry-run", "--work-dir", tmp_path / "s",
+                    "--tune-windows", "5", check=False)
+    assert p.returncode == 1 and "averages no checkpoints" in p.stderr.splitlines()[-1]
+    # a window larger than the run keeps is refused before anything runs
+    for args, keep, asked in ((("--recipe", "literature", "--tune-windows", "10,50"), 12, 50),
+                              (("--recipe", "converge", "--tune-windows", "7"), 6, 7),
+                              (("--tiny", "--recipe", "converge", "--tune-windows", "4"), 3, 4)):
+        p = run_example("multi30k/run.py", "--work-dir", tmp_path / "k", *args, check=False)
+        assert p.returncode == 1 and p.stderr.splitlines()[-1].endswith(
+            f"--tune-windows: the run keeps its last {keep} checkpoints, fewer than "
+            f"{asked}"), p.stderr
+        assert not (tmp_path / "k").exists()
+    # one without a grid tunes the windows alone with its own pair
+    out = run_example("multi30k/run.py", "--recipe", "converge", "--dry-run", "--work-dir",
+                      tmp_path / "c", "--tune-windows", "3,5").stdout
+    assert [re.search(r"checkpoint_avg(\d+)\.pt .*--beam 4 --lenpen 0.6", c).group(1)
+            for c in commands(out) if "raw/val.en" in c] == ["3", "5"]
+    # an ensemble's averages: each seed's, written by a step of its own
+    out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run", "--seeds", 2,
+                      "--work-dir", tmp_path / "e", "--tune-windows", "5,10").stdout
+    assert "# [average-checkpoints-literature-seed2-5] average the last 5 " in out
+    ens = [c for c in commands(out) if "raw/val.en" in c and "ensemble2" in c]
+    assert len(ens) == 12 and all(c.count("checkpoint_avg") == 2 for c in ens)
+    assert "checkpoints-literature/checkpoint_avg5.pt" in ens[0] and \
+        "checkpoints-literature-seed2/checkpoint_avg5.pt" in ens[0]
 
 
 @pytest.mark.slow        # ~15 s; CI runs it (.ci/run: -m slow)

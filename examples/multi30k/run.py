@@ -11,9 +11,9 @@ The recipes (``--recipe``; README.md next to this file says why each value):
 * ``base``: transformer_base's size, the model of the CTranslate2 decoding benchmark.
 
 Then beam search on test_2016_flickr, or on the test sets ``--test-sets`` names (beam and
-alpha tuned on val where the recipe has a grid) -> sacreBLEU, chrF, tokenized BLEU and
-lowercased multi-bleu; ``--seeds N`` adds an ensemble of N runs beside the single model. Every
-stage is resumable; ``--dry-run`` prints the commands, ``--tiny`` runs them on the shipped
+alpha tuned on val where the recipe has a grid, and with ``--tune-windows`` the number of
+checkpoints averaged) -> sacreBLEU, chrF, tokenized BLEU and lowercased multi-bleu;
+``--seeds N`` adds an ensemble of N runs beside the single model. Every stage is resumable; ``--dry-run`` prints the commands, ``--tiny`` runs them on the shipped
 fixtures in seconds.
 """
 
@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -210,10 +210,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=1,
                     help="train the recipe N times with seeds 1..N, one after another (seed "
                          "1's run is the single model), and report their ensemble beside the "
-                         "single model, its beam and alpha tuned on val (default: 1)")
+                         "single model, its decoding tuned on val (default: 1)")
     ap.add_argument("--test-sets", default=TEST_SET, metavar="NAME[,NAME...]",
-                    help="the test sets to translate and score, once each, with the beam and "
-                         "alpha chosen on val: the release's test_2016_flickr, "
+                    help="the test sets to translate and score, once each, with the decoding "
+                         "chosen on val: the release's test_2016_flickr, "
                          "test_2017_flickr, test_2017_mscoco and test_2018_flickr (downloaded "
                          "when MULTI30K_DIR is not given), or NAME.en and NAME.TARGET of your "
                          "own in MULTI30K_DIR (default: %(default)s)")
@@ -226,6 +226,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the length-penalty alphas the tune stage tries on val, each with "
                          "each beam (default: the recipe's); a recipe without a grid tunes "
                          "when either is given")
+    ap.add_argument("--tune-windows", type=window_values, default=None, metavar="N[,N...]",
+                    help="the averages the tune stage chooses from on val, each tried with "
+                         "each beam and alpha: N, the last N checkpoints the run keeps "
+                         "(at most: literature 12, converge 6, --tiny 3; default: the recipe's "
+                         "own average alone); a recipe without a grid tries them with its own "
+                         "beam and alpha")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -263,6 +269,18 @@ def grid_values(field: str, kind):
     return parse
 
 
+def window_values(text: str) -> tuple[int, ...]:
+    """argparse type: '5,10,20' -> (5, 10, 20), each >= 1."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got "
+                                         f"{text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{min(values)} is not a number of checkpoints (>= 1)")
+    return tuple(dict.fromkeys(values))
+
+
 def tune_grid(rec: TrainingRecipe, beams: tuple[int, ...] | None,
               alphas: tuple[float, ...] | None,
               own: tuple[tuple[int, float], ...] | None = None) -> tuple[tuple[int, float], ...]:
@@ -275,6 +293,28 @@ def tune_grid(rec: TrainingRecipe, beams: tuple[int, ...] | None,
     own_beams = tuple(dict.fromkeys(b for b, _ in own)) or (rec.beam,)
     own_alphas = tuple(dict.fromkeys(a for _, a in own)) or (rec.lenpen,)
     return tuple((b, a) for b in beams or own_beams for a in alphas or own_alphas)
+
+
+def average_windows(rec: TrainingRecipe, given: tuple[int, ...] | None,
+                    tiny: bool) -> tuple[int, ...]:
+    """The windows of the averages the tune stage tries (--tune-windows; none: the recipe's
+    own average alone, untuned); refused before anything runs for a recipe that averages
+    nothing, or larger than the checkpoints a run keeps."""
+    if given is None:
+        return ()
+    if not rec.average:
+        raise NmtError("--tune-windows: this recipe averages no checkpoints (converge and "
+                       "the literature recipes do)")
+    keep = TINY_KEEP if tiny else kept_checkpoints(rec)
+    if max(given) > keep:
+        raise NmtError(f"--tune-windows: the run keeps its last {keep} checkpoints, fewer "
+                       f"than {max(given)}")
+    return given
+
+
+def kept_checkpoints(rec: TrainingRecipe) -> int:
+    """The --keep-last of a recipe's training command."""
+    return int(rec.extra[rec.extra.index("--keep-last") + 1])
 
 
 def at_the_top(grid, pair: tuple[int, float]) -> bool:
@@ -339,11 +379,14 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
     and ``seed`` (1, nmt-train's default, is not written: a run started before --seeds
     existed is the same run)."""
     seeded = ["--seed", seed] if seed != 1 else []
+    rec = RECIPES[recipe]
     if args.tiny:
+        # a checkpoint every 2 updates where the tune stage tries averages of the last ones
+        keep = (["--save-interval-updates", 2, "--keep-last", TINY_KEEP]
+                if args.tune_windows else ["--keep-last", 1])
         return ["nmt-train", data_bin, "--arch", "transformer_tiny", "--max-tokens", 512,
                 "--max-update", max_update or 6, "--warmup", 4, "--save-dir", save_dir,
-                "--device", "cpu", "--threads", threads, "--keep-last", 1, *seeded]
-    rec = RECIPES[recipe]
+                "--device", "cpu", "--threads", threads, *keep, *seeded]
     overrides = [x for o in rec.overrides for x in ("--override", o)]
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", rec.max_tokens,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
@@ -355,49 +398,103 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
 
 # --tiny tries two settings, so that the tune stage runs for real in seconds.
 TINY_TUNE = ((1, 0.6), (2, 1.0))
+TINY_KEEP = 3        # checkpoints --tiny keeps where it tries averages
 
 
-def tune(r: Recipe, name: str, grid: tuple[tuple[int, float], ...],
-         default: tuple[int, float], models: list[Path], raw: Path, results: Path, tgt: str,
-         threads: int) -> tuple[int, float]:
-    """Decode the validation split with ``models`` (several: their ensemble) and each (beam,
-    alpha) of ``grid``, score it as the literature does (lowercased, Moses-tokenized
-    multi-bleu) and return the best pair (ties: the first; ``default`` in a dry run); the
-    table goes to RESULTS/tuning.json. The test set is not looked at."""
+@dataclass(frozen=True)
+class Choice:
+    """What the tune stage chose on val: an average's window (None: the decoding's own
+    models), a beam and an alpha."""
+
+    window: int | None
+    beam: int
+    alpha: float
+
+
+def tune(r: Recipe, name: str, grid: tuple[tuple[int, float], ...], default: Choice,
+         d: Decoding, raw: Path, tgt: str, threads: int) -> Choice:
+    """Decode the validation split with each window of ``d`` (none: its models; several
+    models: their ensemble) and each (beam, alpha) of ``grid``, score it as the literature
+    does (lowercased, Moses-tokenized multi-bleu) and return the best (ties: the first;
+    ``default`` in a dry run); the table goes to RESULTS/tuning.json. The test set is not
+    looked at."""
+    results = d.results
     out = results / "tuning.json"
+    candidates = list(d.windows.items()) or [(None, d.models)]
 
     def action() -> None:
         if not r.dry_run:
             results.mkdir(parents=True, exist_ok=True)
         rows = []
-        for beam, alpha in grid:
-            hyp = results / f"val.beam{beam}.alpha{alpha}.hyp.{tgt}"
-            score = hyp.with_name(hyp.name + ".multi-bleu.json")
-            r.sh(["nmt-generate", *models, "--input", raw / "val.en", "--output", hyp,
-                  "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
-                  "--device", "cpu", "--threads", threads, "--overwrite"])
-            r.sh(["nmt-score", "--hyp", hyp, "--ref", raw / f"val.{tgt}", "--metric",
-                  "multi-bleu", "--lowercase", "--lang", tgt, "--json"], stdout=score)
-            if not r.dry_run:
-                rows.append({"beam": beam, "alpha": alpha,
-                             "multi_bleu": json.loads(score.read_text())["score"]})
+        for window, models in candidates:
+            for beam, alpha in grid:
+                avg = "" if window is None else f"avg{window}."
+                hyp = results / f"val.{avg}beam{beam}.alpha{alpha}.hyp.{tgt}"
+                score = hyp.with_name(hyp.name + ".multi-bleu.json")
+                r.sh(["nmt-generate", *models, "--input", raw / "val.en", "--output", hyp,
+                      "--beam", beam, "--lenpen", alpha, "--max-len-a", 1, "--max-len-b", 50,
+                      "--device", "cpu", "--threads", threads, "--overwrite"])
+                r.sh(["nmt-score", "--hyp", hyp, "--ref", raw / f"val.{tgt}", "--metric",
+                      "multi-bleu", "--lowercase", "--lang", tgt, "--json"], stdout=score)
+                if not r.dry_run:
+                    rows.append({**({} if window is None else {"window": window}),
+                                 "beam": beam, "alpha": alpha,
+                                 "multi_bleu": json.loads(score.read_text())["score"]})
         if not r.dry_run:
             best = max(rows, key=lambda x: x["multi_bleu"])   # max keeps the first of ties
             out.write_text(json.dumps({"rows": rows, "best": best}, indent=2) + "\n")
-            print("".join(f"valid beam {x['beam']} alpha {x['alpha']}: multi-bleu "
-                          f"{x['multi_bleu']:.2f}\n" for x in rows), end="")
-    r.step(name, [out], action, inputs=models,
-           params={"grid": [list(x) for x in grid]},
-           describe="beam and alpha by lowercased multi-bleu on the validation split")
+            print("".join(f"valid {describe_row(x)}: multi-bleu {x['multi_bleu']:.2f}\n"
+                          for x in rows), end="")
+    what = "the average's window, " if d.windows else ""
+    r.step(name, [out], action, inputs=[m for _, ms in candidates for m in ms],
+           params={"grid": [list(x) for x in grid],
+                   **({"windows": list(d.windows)} if d.windows else {})},
+           describe=f"{what}beam and alpha by lowercased multi-bleu on the validation split")
     if r.dry_run or not out.exists():
         return default
-    return tuned_pair(out)
+    return tuned_choice(out)
 
 
-def tuned_pair(tuning: Path) -> tuple[int, float]:
-    """The (beam, alpha) a tune stage chose, from its RESULTS/tuning.json."""
+def describe_row(row: dict) -> str:
+    """'window 20 beam 4 alpha 0.6' (a row or best of tuning.json; no window: none tuned)."""
+    window = f"window {row['window']} " if "window" in row else ""
+    return f"{window}beam {row['beam']} alpha {row['alpha']}"
+
+
+def tuned_choice(tuning: Path) -> Choice:
+    """What a tune stage chose, from its RESULTS/tuning.json."""
     best = json.loads(tuning.read_text())["best"]
-    return int(best["beam"]), float(best["alpha"])
+    return Choice(best.get("window"), int(best["beam"]), float(best["alpha"]))
+
+
+def windowed(save_dir: Path, window: int) -> Path:
+    """The average of the last ``window`` checkpoints of SAVE_DIR (nmt-train --average-last's
+    name for it)."""
+    return save_dir / f"checkpoint_avg{window}.pt"
+
+
+def write_average(r: Recipe, save_dir: Path, window: int, seed_step: str) -> None:
+    """A step: SAVE_DIR/checkpoint_avgN.pt, the average of its last N numbered checkpoints
+    (refused when fewer are kept), written under the directory's writer lock."""
+    out = windowed(save_dir, window)
+
+    def action() -> None:
+        from nmt.lock import LOCK_NAME, WriterLock
+        from nmt.training.average import average_to_file
+        from nmt.training.savedir import numbered_checkpoints
+
+        with WriterLock(save_dir / LOCK_NAME, save_dir, "multi30k/run.py",
+                        "wait for the training run to finish"):
+            kept = numbered_checkpoints(save_dir)
+            if len(kept) < window:
+                # e.g. a folder trained before its recipe kept this many
+                raise NmtError(f"{save_dir} holds {len(kept)} numbered checkpoints, fewer "
+                               f"than the {window} of an average the tune stage tries: give "
+                               f"--tune-windows with at most {len(kept)}")
+            average_to_file(kept[-window:], out)
+    r.step(f"average-{save_dir.name}-{window}", [out], action, python=True,
+           inputs=[save_dir / "checkpoint_last.pt"], params={"window": window},
+           describe=f"average the last {window} checkpoints of {save_dir.name} ({seed_step})")
 
 
 def final_model(save_dir: Path, rec: TrainingRecipe, tiny: bool) -> Path:
@@ -443,28 +540,37 @@ class Decoding:
     tune_name: str
     models: list[Path]        # one checkpoint, or several decoded as an ensemble
     results: Path
+    # the averages the tune stage tries instead, by window (each: one per model); empty: none
+    windows: dict[int, list[Path]] = field(default_factory=dict)
 
 
 def decode_and_score(r: Recipe, stages: set[str], d: Decoding, grid, default: tuple[int, float],
                      raw: Path, tgt: str, test_sets: list[str], threads: int) -> None:
-    """Tune beam and alpha on val (when the recipe has a grid), translate each test set once
-    with the chosen pair, score it; print the scores."""
-    beam, lenpen = default
+    """Tune the average's window (when ``d`` has windows), beam and alpha on val (when the
+    recipe has a grid), translate each test set once with the choice, score it; print the
+    scores."""
+    choice = Choice(None, *default)
     if "tune" in stages and grid:
-        beam, lenpen = tune(r, d.tune_name, grid, default, d.models, raw, d.results, tgt,
-                            threads)
-        if not r.dry_run and at_the_top(grid, (beam, lenpen)):
+        choice = tune(r, d.tune_name, grid, choice, d, raw, tgt, threads)
+        if not r.dry_run and at_the_top(grid, (choice.beam, choice.alpha)):
             log.warning("alpha %g, chosen on val, is the largest the tune grid tries: val may "
-                        "rise past it (try --tune-alphas with larger ones)", lenpen)
+                        "rise past it (try --tune-alphas with larger ones)", choice.alpha)
     elif grid and (d.results / "tuning.json").exists() and not r.dry_run:
-        # --stages without tune: the pair an earlier tune stage chose, not the defaults
-        beam, lenpen = tuned_pair(d.results / "tuning.json")
-        log.info("beam %d, alpha %g: chosen on val by the tune stage (%s)", beam, lenpen,
-                 d.results / "tuning.json")
+        # --stages without tune: what an earlier tune stage chose, not the defaults
+        choice = tuned_choice(d.results / "tuning.json")
+        log.info("%s: chosen on val by the tune stage (%s)",
+                 describe_row(vars(choice)) if choice.window else
+                 f"beam {choice.beam}, alpha {choice.alpha:g}", d.results / "tuning.json")
+    if choice.window is not None:
+        if choice.window not in d.windows:
+            raise NmtError(f"{d.results / 'tuning.json'} chose the average of the last "
+                           f"{choice.window} checkpoints, which the tune stage no longer tries: "
+                           f"run the tune stage again")
+        d = replace(d, models=d.windows[choice.window])
     if len(d.models) > 1 and "score" in stages and not r.dry_run:
         print(f"ensemble of {len(d.models)} seeds:")
     for test_set in test_sets:
-        decode_test_set(r, stages, d, test_set, (beam, lenpen), raw, tgt, threads)
+        decode_test_set(r, stages, d, test_set, (choice.beam, choice.alpha), raw, tgt, threads)
 
 
 def decode_test_set(r: Recipe, stages: set[str], d: Decoding, test_set: str,
@@ -529,9 +635,10 @@ def main(argv: list[str] | None = None) -> None:
             raise NmtError(f"{source}: no such folder")
         threads = 1 if args.tiny else args.threads
         tgt = args.target
+        rec = RECIPES[args.recipe]
+        windows = average_windows(rec, args.tune_windows, args.tiny)
         r = Recipe(args.work_dir, dry_run=args.dry_run, force=args.force,
                    env={"OMP_NUM_THREADS": str(threads)})
-        rec = RECIPES[args.recipe]
         vocab = 250 if args.tiny else rec.vocab
         raw = r.work_dir / "raw"
         data_bin = r.work_dir / ("data-bin" if vocab in (250, 8000) else f"data-bin-{vocab}")
@@ -565,10 +672,22 @@ def main(argv: list[str] | None = None) -> None:
 
         grid = tune_grid(rec, args.tune_beams, args.tune_alphas,
                          TINY_TUNE if args.tiny else None)
+        grid = grid or (((rec.beam, rec.lenpen),) if windows else ())
+
+        def averages(seeds: range) -> dict[int, list[Path]]:
+            """Each window's averages of the seeds' runs, written by a step where training
+            did not write them."""
+            if "tune" in stages:
+                for seed in seeds:
+                    for w in windows:
+                        if windowed(save_dirs[seed - 1], w) != models[seed - 1]:
+                            write_average(r, save_dirs[seed - 1], w, f"seed {seed}")
+            return {w: [windowed(save_dirs[k - 1], w) for k in seeds] for w in windows}
+
         if "train" in stages:
             train(1)
         single = Decoding(name=run, tune_name=f"tune-{save_dirs[0].name}", models=models[:1],
-                          results=r.work_dir / f"results-{run}")
+                          results=r.work_dir / f"results-{run}", windows=averages(range(1, 2)))
         decode_and_score(r, stages, single, grid, (rec.beam, rec.lenpen), raw, tgt,
                          test_sets, threads)
         if args.seeds > 1:
@@ -578,7 +697,8 @@ def main(argv: list[str] | None = None) -> None:
                     train(seed)
             name = f"{run}-ensemble{args.seeds}"
             ensemble = Decoding(name=name, tune_name=f"tune-{name}", models=models,
-                                results=r.work_dir / f"results-{name}")
+                                results=r.work_dir / f"results-{name}",
+                                windows=averages(range(1, args.seeds + 1)))
             decode_and_score(r, stages, ensemble, grid, (rec.beam, rec.lenpen), raw, tgt,
                              test_sets, threads)
 
