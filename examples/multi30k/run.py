@@ -13,8 +13,8 @@ The recipes (``--recipe``; README.md next to this file says why each value):
 Then beam search on test_2016_flickr, or on the test sets ``--test-sets`` names (beam and
 alpha tuned on val where the recipe has a grid, and with ``--tune-windows`` the number of
 checkpoints averaged) -> sacreBLEU, chrF, tokenized BLEU and lowercased multi-bleu;
-``--seeds N`` adds an ensemble of N runs beside the single model. Every stage is resumable; ``--dry-run`` prints the commands, ``--tiny`` runs them on the shipped
-fixtures in seconds.
+``--seeds N`` adds an ensemble of N runs beside the single model. Every stage is resumable;
+``--dry-run`` prints the commands, ``--tiny`` runs them on the shipped fixtures in seconds.
 """
 
 from __future__ import annotations
@@ -379,7 +379,6 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
     and ``seed`` (1, nmt-train's default, is not written: a run started before --seeds
     existed is the same run)."""
     seeded = ["--seed", seed] if seed != 1 else []
-    rec = RECIPES[recipe]
     if args.tiny:
         # a checkpoint every 2 updates where the tune stage tries averages of the last ones
         keep = (["--save-interval-updates", 2, "--keep-last", TINY_KEEP]
@@ -387,6 +386,7 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
         return ["nmt-train", data_bin, "--arch", "transformer_tiny", "--max-tokens", 512,
                 "--max-update", max_update or 6, "--warmup", 4, "--save-dir", save_dir,
                 "--device", "cpu", "--threads", threads, *keep, *seeded]
+    rec = RECIPES[recipe]
     overrides = [x for o in rec.overrides for x in ("--override", o)]
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", rec.max_tokens,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
