@@ -247,6 +247,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def comma_values(text: str, kind, expected: str) -> tuple:
+    """'4,5,4' -> (4, 5), each converted by ``kind``, in order, once each; an argparse error
+    naming ``expected`` ("numbers") when one does not convert."""
+    try:
+        values = tuple(kind(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {expected}, got "
+                                         f"{text!r}") from None
+    return tuple(dict.fromkeys(values))
+
+
 def grid_values(field: str, kind):
     """argparse type: '4,5,8' -> (4, 5, 8), each a value nmt-generate takes for the
     SearchConfig ``field`` (beam or lenpen), checked by SearchConfig itself."""
@@ -255,30 +266,22 @@ def grid_values(field: str, kind):
     what = "beam (>= 1)" if field == "beam" else f"length-penalty alpha (0-{LENPEN_MAX:g})"
 
     def parse(text: str) -> tuple:
-        try:
-            values = tuple(kind(x) for x in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got "
-                                             f"{text!r}") from None
+        values = comma_values(text, kind, "numbers")
         for v in values:
             try:
                 SearchConfig(**{field: v})
             except NmtError:
                 raise argparse.ArgumentTypeError(f"{v} is not a {what}") from None
-        return tuple(dict.fromkeys(values))        # in order, once each
+        return values
     return parse
 
 
 def window_values(text: str) -> tuple[int, ...]:
     """argparse type: '5,10,20' -> (5, 10, 20), each >= 1."""
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got "
-                                         f"{text!r}") from None
+    values = comma_values(text, int, "whole numbers")
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"{min(values)} is not a number of checkpoints (>= 1)")
-    return tuple(dict.fromkeys(values))
+    return values
 
 
 def tune_grid(rec: TrainingRecipe, beams: tuple[int, ...] | None,
