@@ -1041,9 +1041,27 @@ def test_multi30k_tune_windows_dry_run(tmp_path):
                               (("--recipe", "converge", "--tune-windows", "7"), 6, 7),
                               (("--tiny", "--recipe", "converge", "--tune-windows", "4"), 3, 4)):
         p = run_example("multi30k/run.py", "--work-dir", tmp_path / "k", *args, check=False)
-        assert p.returncode == 1 and p.stderr.splitlines()[-1].endswith(
-            f"--tune-windows: the run keeps its last {keep} checkpoints, fewer than "
-            f"{asked}"), p.stderr
+        assert p.returncode == 1 and f"--tune-windows: the run keeps its last {keep} " \
+            f"checkpoints, fewer than {asked}" in p.stderr.splitlines()[-1], p.stderr
+        assert not (tmp_path / "k").exists()
+    # --keep-last K keeps more, for windows up to K; the training run is otherwise the same
+    out = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run", "--work-dir",
+                      tmp_path / "l", "--keep-last", 40, "--tune-windows", "5,40").stdout
+    train = next(c for c in commands(out) if "--max-update" in c)
+    plain = run_example("multi30k/run.py", "--recipe", "literature", "--dry-run", "--work-dir",
+                        tmp_path / "l").stdout
+    assert train == next(c for c in commands(plain) if "--max-update" in c).replace(
+        "--keep-last 12", "--keep-last 40")
+    assert [re.search(r"checkpoint_avg(\d+)\.pt", c).group(1) for c in commands(out)
+            if "raw/val.en" in c][::6] == ["5", "40"]
+    # ... and is refused below the recipe's own average, or with --tiny, before anything runs
+    for args, line in ((("--recipe", "literature", "--keep-last", "9"),
+                        "--keep-last 9: the recipe averages its last 10 checkpoints"),
+                       (("--keep-last", "0"), "--keep-last must be >= 1, got 0"),
+                       (("--tiny", "--recipe", "literature", "--keep-last", "5"),
+                        "--keep-last does not go with --tiny")):
+        p = run_example("multi30k/run.py", "--work-dir", tmp_path / "k", *args, check=False)
+        assert p.returncode == 1 and line in p.stderr.splitlines()[-1], p.stderr
         assert not (tmp_path / "k").exists()
     # one without a grid tunes the windows alone with its own pair
     out = run_example("multi30k/run.py", "--recipe", "converge", "--dry-run", "--work-dir",

@@ -229,9 +229,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tune-windows", type=window_values, default=None, metavar="N[,N...]",
                     help="the averages the tune stage chooses from on val, each tried with "
                          "each beam and alpha: N, the last N checkpoints the run keeps "
-                         "(at most: literature 12, converge 6, --tiny 3; default: the recipe's "
-                         "own average alone); a recipe without a grid tries them with its own "
-                         "beam and alpha")
+                         "(at most --keep-last: literature 12, converge 6, --tiny 3; default: "
+                         "the recipe's own average alone); a recipe without a grid tries them "
+                         "with its own beam and alpha")
+    ap.add_argument("--keep-last", type=int, default=None, metavar="K",
+                    help="the last K checkpoints the training run keeps, for --tune-windows "
+                         "up to K (default: the recipe's; literature 12, converge 6); at "
+                         "least the recipe's average; the model trained is the same")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -311,13 +315,26 @@ def average_windows(rec: TrainingRecipe, given: tuple[int, ...] | None,
     keep = TINY_KEEP if tiny else kept_checkpoints(rec)
     if max(given) > keep:
         raise NmtError(f"--tune-windows: the run keeps its last {keep} checkpoints, fewer "
-                       f"than {max(given)}")
+                       f"than {max(given)}" + ("" if tiny else " (--keep-last keeps more)"))
     return given
 
 
 def kept_checkpoints(rec: TrainingRecipe) -> int:
     """The --keep-last of a recipe's training command."""
     return int(rec.extra[rec.extra.index("--keep-last") + 1])
+
+
+def keeping(rec: TrainingRecipe, keep: int | None) -> TrainingRecipe:
+    """``rec`` with its training run keeping the last ``keep`` checkpoints (run.py
+    --keep-last; None: the recipe's own), refused below the checkpoints its average takes."""
+    if keep is None:
+        return rec
+    least = rec.average_n if rec.average else 1
+    if keep < least:
+        raise NmtError(f"--keep-last {keep}: the recipe averages its last {least} checkpoints"
+                       if rec.average else f"--keep-last must be >= 1, got {keep}")
+    i = rec.extra.index("--keep-last") + 1
+    return replace(rec, extra=(*rec.extra[:i], str(keep), *rec.extra[i + 1:]))
 
 
 def at_the_top(grid, pair: tuple[int, float]) -> bool:
@@ -376,9 +393,9 @@ def test_set_names(value: str, have_folder: bool) -> list[str]:
     return names
 
 
-def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: str,
+def train_command(args, data_bin: Path, save_dir: Path, threads: int, rec: TrainingRecipe,
                   max_update: int | None, seed: int = 1) -> list:
-    """The nmt-train command of ``recipe`` with ``max_update`` updates (None: the recipe's)
+    """The nmt-train command of recipe ``rec`` with ``max_update`` updates (None: the recipe's)
     and ``seed`` (1, nmt-train's default, is not written: a run started before --seeds
     existed is the same run)."""
     seeded = ["--seed", seed] if seed != 1 else []
@@ -389,7 +406,6 @@ def train_command(args, data_bin: Path, save_dir: Path, threads: int, recipe: st
         return ["nmt-train", data_bin, "--arch", "transformer_tiny", "--max-tokens", 512,
                 "--max-update", max_update or 6, "--warmup", 4, "--save-dir", save_dir,
                 "--device", "cpu", "--threads", threads, *keep, *seeded]
-    rec = RECIPES[recipe]
     overrides = [x for o in rec.overrides for x in ("--override", o)]
     return ["nmt-train", data_bin, "--arch", rec.arch, *overrides, "--max-tokens", rec.max_tokens,
             "--max-update", max_update or rec.max_update, "--warmup", rec.warmup,
@@ -638,7 +654,11 @@ def main(argv: list[str] | None = None) -> None:
             raise NmtError(f"{source}: no such folder")
         threads = 1 if args.tiny else args.threads
         tgt = args.target
-        rec = RECIPES[args.recipe]
+        if args.tiny and args.keep_last is not None:
+            raise NmtError("--keep-last does not go with --tiny, which keeps its own "
+                           f"{TINY_KEEP} checkpoints where --tune-windows is given")
+        rec = RECIPES[args.recipe] if args.tiny else keeping(RECIPES[args.recipe],
+                                                             args.keep_last)
         windows = average_windows(rec, args.tune_windows, args.tiny)
         r = Recipe(args.work_dir, dry_run=args.dry_run, force=args.force,
                    env={"OMP_NUM_THREADS": str(threads)})
@@ -664,7 +684,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def train(seed: int) -> None:
             save_dir, model = save_dirs[seed - 1], models[seed - 1]
-            cmd = train_command(args, data_bin, save_dir, threads, args.recipe,
+            cmd = train_command(args, data_bin, save_dir, threads, rec,
                                 args.max_update, seed)
             r.step(f"train-{run}" + (f"-seed{seed}" if seed > 1 else ""), [model],
                    lambda: r.sh(cmd), inputs=[data_bin], params={"cmd": cmd},
