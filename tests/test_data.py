@@ -68,6 +68,30 @@ def test_whitespace_codec_maps_spelled_specials_to_unk():
 
 # --- subword models ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("what", ["signal", "input error"])
+def test_what_reading_the_sentences_raised_leaves_sentencepiece_training_as_it_was(what):
+    """A signal (Ctrl-C, SIGTERM) arriving while sentencepiece's C++ side pulled the sentences
+    came out as "sentencepiece training failed: Interrupted: ..." and nmt-preprocess exited 1
+    instead of 128 + the signal; an error reading the input was wrapped the same way."""
+    import signal
+
+    from nmt.signals import Interrupted
+    exc = Interrupted(signal.SIGINT) if what == "signal" else NmtError("train.en: bad line 81")
+
+    def sentences():
+        for i, line in enumerate(SENTS):
+            if i == 80:
+                raise exc
+            yield line
+
+    with pytest.raises(type(exc)) as info:
+        train_sentencepiece(sentences(), 60)
+    assert info.value is exc
+    # a sentencepiece error of its own still reads as one
+    with pytest.raises(NmtError, match="sentencepiece training failed"):
+        train_sentencepiece(iter(SENTS), 60, character_coverage=2.0)
+
+
 def test_sentencepiece_round_trip_and_state_is_plain(corpus, tmp_path):
     codec = TextCodec(train_sentencepiece(corpus, 600))
     assert len(codec.dictionary) == 600

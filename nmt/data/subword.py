@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from nmt.data.dictionary import BOS, EOS, PAD, SPECIALS, UNK, Dictionary
 from nmt.data.subword_base import SubwordModel  # noqa: F401 (re-exported)
@@ -235,8 +235,21 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int,
     unknown characters as UTF-8 bytes instead of <unk>.
     """
     import sentencepiece as spm
-    # Empty lines teach nothing and sentencepiece warns about each.
-    it = (s for s in sentences if s.strip())
+    # What reading the sentences raised (a signal's Interrupted, an error in the input): the
+    # C++ side, which pulls them, turns it into a RuntimeError of its own text.
+    raised: list[BaseException] = []
+
+    def nonempty() -> Iterator[str]:
+        try:
+            # Empty lines teach nothing and sentencepiece warns about each.
+            yield from (s for s in sentences if s.strip())
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            raised.append(e)
+            raise
+
+    it = nonempty()
     out = io.BytesIO()
     # sentencepiece's C++ side logs to file descriptor 2: catch it in a file and pass it on at
     # debug level (its own logstream= needs sys.stderr.fileno(), absent under test runners).
@@ -255,6 +268,8 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int,
             # Sentences up to 64 KiB take part; longer ones are rare noise.
             max_sentence_length=65536, minloglevel=1)
     except RuntimeError as e:
+        if raised:
+            raise raised[0] from None
         raise NmtError(f"sentencepiece training failed: {_spm_reason(e)}") from None
     finally:
         _restore_fd2(saved_fd)
