@@ -1031,6 +1031,28 @@ def test_multi30k_tune_stage_chooses_the_average_on_val(tmp_path):
     assert "generate-tiny: already complete, skipping" in again.stderr
 
 
+def test_multi30k_vocab_size_dry_run(tmp_path):
+    """--vocab-size N: the recipe on another joined vocabulary, in folders of its own, so that
+    it never resumes or reports over the recipe's own run; the recipe's size is the recipe."""
+    def dry(*args):
+        return commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                                    "--work-dir", tmp_path / "w", *args).stdout)
+    plain, same, other = dry(), dry("--vocab-size", 10000), dry("--vocab-size", 5000)
+    assert same == plain
+    pre = next(c for c in other if "nmt-preprocess" in c)
+    assert "--vocab-size 5000" in pre and f"--destdir {tmp_path / 'w' / 'data-bin-5000'} " in pre
+    train = next(c for c in other if "--max-update" in c)
+    assert train == next(c for c in plain if "--max-update" in c).replace(
+        "data-bin-10000", "data-bin-5000").replace("checkpoints-literature ",
+                                                   "checkpoints-literature-vocab5000 ")
+    assert all("results-literature-vocab5000/" in c for c in other if "nmt-score" in c)
+    for args, line in ((("--vocab-size", "50"), "--vocab-size must be >= 100, got 50"),
+                       (("--tiny", "--vocab-size", "500"), "--vocab-size does not go with --tiny")):
+        p = run_example("multi30k/run.py", "--work-dir", tmp_path / "k", *args, check=False)
+        assert p.returncode == 1 and line in p.stderr.splitlines()[-1], p.stderr
+        assert not (tmp_path / "k").exists()
+
+
 def test_multi30k_tune_windows_dry_run(tmp_path):
     # a recipe that averages nothing has no windows to try
     p = run_example("multi30k/run.py", "--dry-run", "--work-dir", tmp_path / "s",

@@ -236,6 +236,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the last K checkpoints the training run keeps, for --tune-windows "
                          "up to K (default: the recipe's; literature 12, converge 6); at "
                          "least the recipe's average; the model trained is the same")
+    ap.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                    help="the joined BPE vocabulary (default: the recipe's; literature 10000, "
+                         "others 8000); another size trains into checkpoints-RECIPE-vocabN "
+                         "and reports in results-RECIPE-vocabN")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -657,15 +661,19 @@ def main(argv: list[str] | None = None) -> None:
         if args.tiny and args.keep_last is not None:
             raise NmtError("--keep-last does not go with --tiny, which keeps its own "
                            f"{TINY_KEEP} checkpoints where --tune-windows is given")
+        if args.vocab_size is not None and (args.tiny or args.vocab_size < 100):
+            raise NmtError("--vocab-size does not go with --tiny" if args.tiny else
+                           f"--vocab-size must be >= 100, got {args.vocab_size}")
         rec = RECIPES[args.recipe] if args.tiny else keeping(RECIPES[args.recipe],
                                                              args.keep_last)
         windows = average_windows(rec, args.tune_windows, args.tiny)
         r = Recipe(args.work_dir, dry_run=args.dry_run, force=args.force,
                    env={"OMP_NUM_THREADS": str(threads)})
-        vocab = 250 if args.tiny else rec.vocab
+        vocab = 250 if args.tiny else args.vocab_size or rec.vocab
         raw = r.work_dir / "raw"
         data_bin = r.work_dir / ("data-bin" if vocab in (250, 8000) else f"data-bin-{vocab}")
-        run = "tiny" if args.tiny else args.recipe
+        run = "tiny" if args.tiny else args.recipe + (f"-vocab{vocab}" if vocab != rec.vocab
+                                                     else "")
         # seed k's run; seed 1's is the single-model run, in the folder it always had
         save_dirs = [r.work_dir / (f"checkpoints-{run}" if k == 1
                                    else f"checkpoints-{run}-seed{k}")
