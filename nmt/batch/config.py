@@ -107,9 +107,10 @@ class GenerateConfig:
         BatchConfig.parallel, "Batches decoded at once on a CPU, each on --threads // N "
                               "threads (as CTranslate2's inter_threads) [default, with 2 or "
                               "more threads: 2 for beam search with a decoder of up to 1024 "
-                              "layers x d_model (transformer_small: 768), and for --engine ctranslate2 (then in "
-                              "batches of 2048 source tokens; in int8 2048 // beam, 256 to "
-                              "1024, up to 2048 for a narrower decoder); else 1].",
+                              "layers x d_model (transformer_small: 768), and for --engine "
+                              "ctranslate2 (then in batches of 2048 source tokens; in int8 "
+                              "2048 // beam, 256 to 1024, up to 2048 for a narrower decoder); "
+                              "else 1].",
         metavar="N",
         show_default=False)
     # --- input and output ---
