@@ -522,8 +522,8 @@ def write_average(r: Recipe, save_dir: Path, window: int, seed_step: str) -> Non
 
 def final_model(save_dir: Path, rec: TrainingRecipe, tiny: bool) -> Path:
     """The checkpoint a recipe's run decodes with: its average, or the last one."""
-    return save_dir / (f"checkpoint_avg{rec.average_n}.pt" if rec.average and not tiny
-                       else "checkpoint_last.pt")
+    return (windowed(save_dir, rec.average_n) if rec.average and not tiny
+            else save_dir / "checkpoint_last.pt")
 
 
 def drop_partial(output: Path) -> None:
