@@ -1031,12 +1031,17 @@ def test_multi30k_tune_stage_chooses_the_average_on_val(tmp_path):
     assert "generate-tiny: already complete, skipping" in again.stderr
 
 
+def literature_dry_run(work: Path, *args) -> list[str]:
+    """The commands multi30k/run.py --recipe literature --dry-run prints, with ARGS."""
+    return commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
+                                "--work-dir", work, *args).stdout)
+
+
 def test_multi30k_vocab_size_dry_run(tmp_path):
     """--vocab-size N: the recipe on another joined vocabulary, in folders of its own, so that
     it never resumes or reports over the recipe's own run; the recipe's size is the recipe."""
     def dry(*args):
-        return commands(run_example("multi30k/run.py", "--recipe", "literature", "--dry-run",
-                                    "--work-dir", tmp_path / "w", *args).stdout)
+        return literature_dry_run(tmp_path / "w", *args)
     plain, same, other = dry(), dry("--vocab-size", 10000), dry("--vocab-size", 5000)
     assert same == plain
     pre = next(c for c in other if "nmt-preprocess" in c)
@@ -1048,6 +1053,31 @@ def test_multi30k_vocab_size_dry_run(tmp_path):
     assert all("results-literature-vocab5000/" in c for c in other if "nmt-score" in c)
     for args, line in ((("--vocab-size", "50"), "--vocab-size must be >= 100, got 50"),
                        (("--tiny", "--vocab-size", "500"), "--vocab-size does not go with --tiny")):
+        p = run_example("multi30k/run.py", "--work-dir", tmp_path / "k", *args, check=False)
+        assert p.returncode == 1 and line in p.stderr.splitlines()[-1], p.stderr
+        assert not (tmp_path / "k").exists()
+
+
+def test_multi30k_label_smoothing_dry_run(tmp_path):
+    """--label-smoothing E: the recipe trained with another epsilon, in folders of its own; the
+    recipe's own epsilon (the paper's 0.1) is the recipe."""
+    def dry(*args):
+        return literature_dry_run(tmp_path / "w", *args)
+    plain, same, other = dry(), dry("--label-smoothing", 0.1), dry("--label-smoothing", 0.2)
+    assert same == plain
+    train = next(c for c in other if "--max-update" in c)
+    assert train == next(c for c in plain if "--max-update" in c).replace(
+        "dropout=0.3 ", "dropout=0.3 --override label_smoothing=0.2 ").replace(
+        "checkpoints-literature ", "checkpoints-literature-ls0.2 ")
+    assert all("results-literature-ls0.2/" in c for c in other if "nmt-score" in c)
+    # with another vocabulary too, each in the folder names
+    both = dry("--label-smoothing", 0, "--vocab-size", 5000)
+    train = next(c for c in both if "--max-update" in c)
+    assert "--override label_smoothing=0 " in train and "checkpoints-literature-vocab5000-ls0 " in train
+    for args, line in ((("--label-smoothing", "1"), "--label-smoothing must be in [0, 1), got 1"),
+                       (("--label-smoothing", "-0.1"), "must be in [0, 1), got -0.1"),
+                       (("--tiny", "--label-smoothing", "0.2"),
+                        "--label-smoothing does not go with --tiny")):
         p = run_example("multi30k/run.py", "--work-dir", tmp_path / "k", *args, check=False)
         assert p.returncode == 1 and line in p.stderr.splitlines()[-1], p.stderr
         assert not (tmp_path / "k").exists()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Multi30k English-German or English-French on a laptop CPU: raw text to sacreBLEU.
+"""Multi30k English-German or English-French on a CPU: raw text to sacreBLEU.
 
 The recipes (``--recipe``; README.md next to this file says why each value):
 
@@ -240,6 +240,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the joined BPE vocabulary (default: the recipe's; literature 10000, "
                          "others 8000); another size trains into checkpoints-RECIPE-vocabN "
                          "and reports in results-RECIPE-vocabN")
+    ap.add_argument("--label-smoothing", type=float, default=None, metavar="E",
+                    help="the label smoothing epsilon of training (default: the recipe's, the "
+                         "paper's 0.1); another value trains into checkpoints-RECIPE-lsE and "
+                         "reports in results-RECIPE-lsE")
     ap.add_argument("--no-verify", action="store_true",
                     help="accept Multi30k files whose line counts/sha256 differ from the release")
     ap.add_argument("--force", action="store_true", help="redo stages even when complete")
@@ -339,6 +343,25 @@ def keeping(rec: TrainingRecipe, keep: int | None) -> TrainingRecipe:
                        if rec.average else f"--keep-last must be >= 1, got {keep}")
     i = rec.extra.index("--keep-last") + 1
     return replace(rec, extra=(*rec.extra[:i], str(keep), *rec.extra[i + 1:]))
+
+
+def own_smoothing(rec: TrainingRecipe) -> float:
+    """The label smoothing epsilon a recipe trains with: its override, or its architecture's."""
+    from nmt.registry import get_arch
+
+    given = [o.split("=", 1)[1] for o in rec.overrides if o.startswith("label_smoothing=")]
+    return float(given[-1]) if given else get_arch(rec.arch).label_smoothing
+
+
+def smoothing(rec: TrainingRecipe, eps: float | None) -> TrainingRecipe:
+    """``rec`` trained with label smoothing ``eps`` (run.py --label-smoothing; None or the
+    recipe's own: the recipe itself), refused outside [0, 1) as nmt-train refuses it."""
+    if eps is None or eps == own_smoothing(rec):
+        return rec
+    if not 0.0 <= eps < 1.0:
+        raise NmtError(f"--label-smoothing must be in [0, 1), got {eps:g}")
+    kept = tuple(o for o in rec.overrides if not o.startswith("label_smoothing="))
+    return replace(rec, overrides=(*kept, f"label_smoothing={eps:g}"))
 
 
 def at_the_top(grid, pair: tuple[int, float]) -> bool:
@@ -664,16 +687,20 @@ def main(argv: list[str] | None = None) -> None:
         if args.vocab_size is not None and (args.tiny or args.vocab_size < 100):
             raise NmtError("--vocab-size does not go with --tiny" if args.tiny else
                            f"--vocab-size must be >= 100, got {args.vocab_size}")
-        rec = RECIPES[args.recipe] if args.tiny else keeping(RECIPES[args.recipe],
-                                                             args.keep_last)
+        if args.tiny and args.label_smoothing is not None:
+            raise NmtError("--label-smoothing does not go with --tiny")
+        rec = RECIPES[args.recipe] if args.tiny else smoothing(
+            keeping(RECIPES[args.recipe], args.keep_last), args.label_smoothing)
+        smoothed = own_smoothing(rec) != own_smoothing(RECIPES[args.recipe])
         windows = average_windows(rec, args.tune_windows, args.tiny)
         r = Recipe(args.work_dir, dry_run=args.dry_run, force=args.force,
                    env={"OMP_NUM_THREADS": str(threads)})
         vocab = 250 if args.tiny else args.vocab_size or rec.vocab
         raw = r.work_dir / "raw"
         data_bin = r.work_dir / ("data-bin" if vocab in (250, 8000) else f"data-bin-{vocab}")
-        run = "tiny" if args.tiny else args.recipe + (f"-vocab{vocab}" if vocab != rec.vocab
-                                                     else "")
+        run = "tiny" if args.tiny else (args.recipe
+                                        + (f"-vocab{vocab}" if vocab != rec.vocab else "")
+                                        + (f"-ls{own_smoothing(rec):g}" if smoothed else ""))
         # seed k's run; seed 1's is the single-model run, in the folder it always had
         save_dirs = [r.work_dir / (f"checkpoints-{run}" if k == 1
                                    else f"checkpoints-{run}-seed{k}")
