@@ -684,14 +684,16 @@ def main(argv: list[str] | None = None) -> None:
         if args.tiny and args.keep_last is not None:
             raise NmtError("--keep-last does not go with --tiny, which keeps its own "
                            f"{TINY_KEEP} checkpoints where --tune-windows is given")
-        if args.vocab_size is not None and (args.tiny or args.vocab_size < 100):
-            raise NmtError("--vocab-size does not go with --tiny" if args.tiny else
-                           f"--vocab-size must be >= 100, got {args.vocab_size}")
-        if args.tiny and args.label_smoothing is not None:
-            raise NmtError("--label-smoothing does not go with --tiny")
-        rec = RECIPES[args.recipe] if args.tiny else smoothing(
-            keeping(RECIPES[args.recipe], args.keep_last), args.label_smoothing)
-        smoothed = own_smoothing(rec) != own_smoothing(RECIPES[args.recipe])
+        for flag, value in (("--vocab-size", args.vocab_size),
+                            ("--label-smoothing", args.label_smoothing)):
+            if args.tiny and value is not None:
+                raise NmtError(f"{flag} does not go with --tiny")
+        if args.vocab_size is not None and args.vocab_size < 100:
+            raise NmtError(f"--vocab-size must be >= 100, got {args.vocab_size}")
+        chosen = RECIPES[args.recipe]
+        rec = chosen if args.tiny else smoothing(keeping(chosen, args.keep_last),
+                                                 args.label_smoothing)
+        eps = own_smoothing(rec)
         windows = average_windows(rec, args.tune_windows, args.tiny)
         r = Recipe(args.work_dir, dry_run=args.dry_run, force=args.force,
                    env={"OMP_NUM_THREADS": str(threads)})
@@ -700,7 +702,8 @@ def main(argv: list[str] | None = None) -> None:
         data_bin = r.work_dir / ("data-bin" if vocab in (250, 8000) else f"data-bin-{vocab}")
         run = "tiny" if args.tiny else (args.recipe
                                         + (f"-vocab{vocab}" if vocab != rec.vocab else "")
-                                        + (f"-ls{own_smoothing(rec):g}" if smoothed else ""))
+                                        + (f"-ls{eps:g}" if eps != own_smoothing(chosen)
+                                           else ""))
         # seed k's run; seed 1's is the single-model run, in the folder it always had
         save_dirs = [r.work_dir / (f"checkpoints-{run}" if k == 1
                                    else f"checkpoints-{run}-seed{k}")
