@@ -10,7 +10,7 @@ import torch
 from nmt.search.config import BatchConfig, SearchConfig
 from nmt.search.translator import Translator
 
-from test_translator import make_checkpoint, mixed_lines
+from test_translator import BF16, make_checkpoint, mixed_lines
 
 LINES = mixed_lines(60, seed=5)
 
@@ -53,7 +53,7 @@ def test_step_equals_the_general_path(ckpts, variant, beam):
     assert sum(len(h) for h in want) > 0
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", [BF16, "int8"])
 def test_step_equals_the_general_path_in_other_precisions(ckpts, precision):
     path = ckpts["packed d_model 256, gelu"]
     assert results(path, True, 3, precision) == results(path, False, 3, precision)

@@ -345,6 +345,7 @@ def test_multi30k_tune_grid_from_the_command_line(tmp_path):
         assert p.returncode == 2 and words in p.stderr, p.stderr
 
 
+@pytest.mark.slow        # 20-45 s; CI runs it (.ci/run: -m slow)
 def test_multi30k_other_test_sets_are_decoded_once_each_with_the_tuned_pair(tmp_path):
     run_example("multi30k/run.py", "--tiny", "--work-dir", tmp_path)
     # a set added to the finished folder: only it is fetched, translated and scored
@@ -693,6 +694,8 @@ def test_parsing_run_sh_sample_dry_run(tmp_path):
     assert "parsing_wsj_sample/text" in short.stdout          # the default work folder
 
 
+# The default run has the Multi30k chain end to end; CI runs this one (.ci/run: -m slow).
+@pytest.mark.slow        # 20-45 s
 def test_parsing_run_sh_tiny_end_to_end(tmp_path):
     script = str(EXAMPLES / "parsing_wsj" / "run.sh")
     p = subprocess.run(["bash", script, "--tiny", str(FIXTURES.parent / "parsing" / "mini"),
@@ -753,6 +756,7 @@ def test_parsing_run_sh_seeds_and_rdrop_dry_run(tmp_path):
         assert b.returncode == 2 and word in b.stderr and len(b.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow        # 20-45 s; CI runs it (.ci/run: -m slow)
 def test_parsing_run_sh_tiny_seeds_end_to_end(tmp_path):
     """The tiny chain with --seeds 2 --rdrop-alpha 1 for real: the second run trained with
     seed 2, both runs' checkpoints decode the valid and test splits as one ensemble, one tree
@@ -821,6 +825,7 @@ def test_parsing_run_sh_extra_test_dry_run(tmp_path):
     assert not work.exists()
 
 
+@pytest.mark.slow        # 20-45 s; CI runs it (.ci/run: -m slow)
 def test_parsing_run_sh_tiny_extra_test_end_to_end(tmp_path):
     """The tiny chain with --extra-test for real: one tree per sentence of those files,
     scored and printed after the test split's; adding another to the finished folder runs

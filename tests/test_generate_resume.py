@@ -76,7 +76,9 @@ def _stop_after(f, out, lines: int, sig, *extra) -> int:
     return json.loads(_journal(out).read_text())["input_lines"]
 
 
-@pytest.mark.parametrize("extra", [(), ("--sampling", "--seed", "5", "--nbest", "2")],
+# The default run keeps beam search; the slow run also samples.
+@pytest.mark.parametrize("extra", [(), pytest.param(("--sampling", "--seed", "5", "--nbest", "2"),
+                                                   marks=pytest.mark.slow)],
                          ids=["beam", "sampling"])
 def test_killed_twice_then_rerun_gives_the_uninterrupted_bytes(f, tmp_path, extra):
     want = _reference(f, *extra)
@@ -244,7 +246,10 @@ def _tamper(path, **changes):
     return state
 
 
-@pytest.mark.parametrize("change", ["skip", "repeat", "huge", "edited input", "identity"])
+# The default run keeps a tampered journal and an edited input; the slow run has them all.
+@pytest.mark.parametrize("change", [pytest.param(c, marks=pytest.mark.slow)
+                                    for c in ("skip", "repeat", "huge")]
+                         + ["edited input", "identity"])
 def test_a_journal_that_disagrees_is_refused(f, tmp_path, change):
     """Lines skipped or repeated, input_lines 10^9 with output_bytes 0, an input edited in
     place with its size and modification time restored: each gave a wrong file with exit 0;

@@ -69,6 +69,7 @@ def test_a_file_in_chunks_translates_as_stdin_and_bad_input_writes_nothing(tmp_p
                                          f"at byte 3")
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_bench_generate_memory_quick(tmp_path):
     ckpt = make_checkpoint(tmp_path / "c.pt")
     src = tmp_path / "in"

@@ -59,7 +59,9 @@ def _rank(f, out, rank, world, *extra, ok=True, restart=0):
     return r
 
 
-@pytest.mark.parametrize("extra", [("--beam", "1"), ("--beam", "4", "--nbest", "2")],
+# The default run keeps greedy search; the slow run also beam search with --nbest.
+@pytest.mark.parametrize("extra", [("--beam", "1"), pytest.param(("--beam", "4", "--nbest", "2"),
+                                                                marks=pytest.mark.slow)],
                          ids=["greedy", "beam-nbest2"])
 def test_two_ranks_write_the_one_process_output(f, tmp_path, extra):
     want = _one_process(f, *extra)

@@ -36,8 +36,10 @@ def _run(f, *extra, ok=True):
     return r
 
 
+# The default run keeps beam search; the slow run also samples.
 @pytest.mark.parametrize("extra", [("--output-format", "jsonl"),
-                                   ("--sampling", "--seed", "3", "--nbest", "2")],
+                                   pytest.param(("--sampling", "--seed", "3", "--nbest", "2"),
+                                                marks=pytest.mark.slow)],
                          ids=["beam-jsonl", "sampling"])
 def test_two_workers_write_the_one_process_output(f, extra):
     one = _run(f, "-q", *extra).stdout

@@ -10,7 +10,7 @@ from nmt.search.beam import beam_candidates, split_candidates
 from nmt.search.config import BatchConfig, SearchConfig
 from nmt.search.translator import Translator
 
-from test_translator import make_checkpoint, mixed_lines
+from test_translator import BF16, make_checkpoint, mixed_lines
 
 
 def results(paths, monkeypatch, use_greedy, precision, **search):
@@ -33,7 +33,7 @@ def ckpts(tmp_path_factory):
     return [str(make_checkpoint(d / f"m{s}.pt", seed=s)) for s in (0, 1, 2)]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", BF16])
 @pytest.mark.parametrize("search", [{}, {"max_len_a": 0.0, "max_len_b": 3},
                                     {"lenpen": 1.0, "lenpen_formula": "fairseq"}])
 def test_greedy_equals_beam_one(ckpts, monkeypatch, precision, search):

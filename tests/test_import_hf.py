@@ -235,10 +235,11 @@ def hf_ids(model, src_ids: list[list[int]], **gen) -> list[list[int]]:
     return [[i for i in row[1:].tolist() if i > 2] for row in out]
 
 
+# The default run keeps nmt's default positions; the slow run has the other kinds too.
 @pytest.mark.parametrize("overrides", [
     {},                                                   # nmt's default: interleaved sinusoids
-    {"sinusoid_layout": "fairseq", "position_offset": 2},
-    {"positional": "learned"},
+    pytest.param({"sinusoid_layout": "fairseq", "position_offset": 2}, marks=pytest.mark.slow),
+    pytest.param({"positional": "learned"}, marks=pytest.mark.slow),
 ], ids=["interleaved", "fairseq-offset-2", "learned"])
 def test_every_position_kind_exports_translates_and_comes_back(marian, tmp_path, overrides):
     """nmt's default model (and fairseq's sinusoids, and learned positions) through
@@ -677,7 +678,9 @@ def test_integer_weights_are_refused_by_name(marian, tmp_path):
     assert "not floating point" in line and key in line and "torch.int32" in line
 
 
-@pytest.mark.parametrize("value", ["lots", True, 1.5, None])
+# The default run keeps one bad value; the slow run has them all.
+@pytest.mark.parametrize("value", ["lots", *(pytest.param(v, marks=pytest.mark.slow)
+                                             for v in (True, 1.5, None))])
 def test_a_dropout_that_is_not_a_probability_is_one_line(marian, tmp_path, value):
     """config.json's dropout "lots" was an internal error."""
     d = copy_marian(marian, tmp_path / "m")

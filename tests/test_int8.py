@@ -157,6 +157,7 @@ def test_int8_training_is_a_one_line_error(tmp_path, args):
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_bench_int8_quick_mode(tmp_path):
     """benchmarks/bench_int8.py --quick runs end to end and reports what it promises."""
     stdout, rep = run_quick_benchmark("bench_int8.py", tmp_path, "--rounds", "2",

@@ -84,7 +84,8 @@ def test_reference_is_an_input(d, tmp_path):
     assert ref.read_text() == "x\n" * 20
 
 
-@pytest.mark.parametrize("stdin", [False, True])
+# The default run keeps a file as input; the slow run also stdin.
+@pytest.mark.parametrize("stdin", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_file_nmt_did_not_write_needs_overwrite(d, tmp_path, stdin):
     out = tmp_path / "notes.txt"
     out.write_text("my notes\n")

@@ -280,7 +280,8 @@ def test_prepare_and_delinearize_scripts(tmp_path):
     assert "has 2 lines but" in r.stderr
 
 
-@pytest.mark.parametrize("src", ["words", "sig"])
+# The default run keeps raw source words; the slow run also signatures.
+@pytest.mark.parametrize("src", ["words", pytest.param("sig", marks=pytest.mark.slow)])
 def test_bracket_f1_validation_scores_trees_over_the_raw_words(tmp_path, src):
     # The valid split's words are unknown to the training vocabulary: the validation trees must
     # be built over the raw words (EVALB rejects '<unk>', or a signature, as a word that differs

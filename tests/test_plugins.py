@@ -37,6 +37,7 @@ def plugin(tmp_path):
     return pkg
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_plugin_arch_trains_and_its_checkpoint_decodes_without_it(plugin, tmp_path):
     data = corpus(tmp_path / "data", [f"w{i}" for i in range(12)])
     listing = run(["nmt-train", "--user-dir", str(plugin), "--list-archs"])

@@ -285,6 +285,8 @@ main()
 """
 
 
+# The default run has the preprocess case; CI runs this one (.ci/run: -m slow).
+@pytest.mark.slow        # 5-15 s
 def test_a_rerun_removes_what_a_killed_export_left(f, tmp_path):
     pytest.importorskip("ctranslate2")
     p = subprocess.Popen([sys.executable, "-c", STALLING_EXPORT, f["ckpt"],

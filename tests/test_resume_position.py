@@ -5,6 +5,7 @@ epoch and finishes, with a warning; it used to spin forever at 100% CPU."""
 import os
 import subprocess
 
+import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
@@ -19,6 +20,7 @@ def run(args, timeout=120):
                           stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_a_position_past_the_end_goes_on_with_the_next_epoch(tmp_path):
     data = write_reversal_corpus(tmp_path, run)
     save = tmp_path / "ckpt"

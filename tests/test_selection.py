@@ -211,6 +211,7 @@ def test_ensemble_best_keeps_lists_and_reports_its_checkpoints(tmp_path, monkeyp
     assert f"nmt-generate $(cat {listing})" in final[0]
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_ensemble_validation_equals_nmt_generate_of_the_listed_checkpoints(tmp_path):
     save, r = train_reversal(tmp_path, 150, 50, "--ensemble-best", "2", "--valid-beam", "3")
     assert r.returncode == 0, r.stderr

@@ -95,6 +95,7 @@ def test_decoding_follows_the_recorded_task():
         Translator.from_checkpoint({**plain, "task": "poetry"})
 
 
+@pytest.mark.slow        # 10-30 s; CI runs it (.ci/run: -m slow)
 def test_training_records_the_data_directorys_task(treebank, tmp_path):
     assert preprocess(treebank, tmp_path / "bin", "--task", "translation").returncode == 0
     save = tmp_path / "ck"

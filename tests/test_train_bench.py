@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow        # a benchmark's quick mode, 5-12 s; CI runs it (.ci/run: -m slow)
 def test_bench_train_quick_mode():
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train.py"), "--quick",
                         "--threads", "1"], capture_output=True, text=True, timeout=120,

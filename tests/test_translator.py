@@ -15,9 +15,15 @@ from nmt.errors import NmtError, UsageError
 from nmt.search.translator import BatchConfig, SearchConfig, Translator
 from nmt import checkpoint as ckpt_io
 from nmt.checkpoint import save_checkpoint
+from nmt.runtime import cpu_has_native_bf16
 
 WORDS = [f"w{i}" for i in range(30)]
 EOS = 2
+
+# bf16 decoding where this CPU runs it: nmt refuses bf16 on a CPU without native bf16
+# (AVX512-BF16 or AMX), as test_one_device_resolver_and_precision_table checks.
+BF16 = pytest.param("bf16", marks=pytest.mark.skipif(
+    not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)"))
 
 
 def make_model(vocab, seed=0, **overrides):
@@ -240,6 +246,9 @@ def test_one_device_resolver_and_precision_table(monkeypatch):
         check_precision("fp8", cpu)
     with pytest.raises(UsageError, match="needs a CUDA device"):
         check_precision("bf16", cpu, training=True)
+    monkeypatch.setattr("nmt.runtime.cpu_has_native_bf16", lambda: False)
+    with pytest.raises(UsageError, match="native bf16"):
+        check_precision("bf16", cpu)
     monkeypatch.setattr("nmt.runtime.cpu_has_native_bf16", lambda: True)
     assert check_precision("bf16", cpu) is torch.bfloat16          # inference only
     with pytest.raises(UsageError, match="needs a GPU"):
