@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 import torch
 from click.testing import CliRunner
 
@@ -66,6 +67,18 @@ def readme_translate(out: Path):
     assert program.startswith(SNIPPET_BEGIN) and program.strip().endswith(SNIPPET_END)
     assert program.strip() in readme
     return runpy.run_path(str(out / "translate.py"), run_name="exported_translate")["translate"]
+
+
+def source_pieces(out: Path):
+    """``pieces(line)``: the exported source.spm's pieces of a line, as README.txt's program
+    splits it."""
+    sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    return lambda line: sp.encode(line, out_type=str)
+
+
+def length_limit(n_pieces: int) -> int:
+    """The longest output README.txt's settings allow (nmt's max_len_a 1.0, max_len_b 50)."""
+    return math.floor(1.0 * n_pieces + 50)
 
 
 def random_checkpoint(overrides=None, share=True, src_codec=None, tgt_codec=None,
@@ -137,18 +150,16 @@ def test_greedy_translations_equal_nmts(trained, tmp_path):
     assert sum(bool(r.text) for r in ref) > 80      # the model translates, most lines at least
 
     # 1. ctranslate2 directly, with the settings README.txt names: the same pieces.
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    split = source_pieces(out)
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     for line, r in zip(lines, ref):
-        pieces = sp.encode(line, out_type=str)
+        pieces = split(line)
         if not pieces:
             assert r.text == ""
             continue
         got = translator.translate_batch(
             [pieces], beam_size=1, min_decoding_length=0, max_input_length=1025,
-            max_decoding_length=math.floor(1.0 * len(pieces) + 50))[0].hypotheses[0]
+            max_decoding_length=length_limit(len(pieces)))[0].hypotheses[0]
         assert got + ["</s>"] == r.hypotheses[0].tokens, line
 
     # 2. translate.py, the program README.txt gives, text in, text out: every line identical.
@@ -176,11 +187,9 @@ def test_beam_search_with_the_readme_recipe_agrees(trained, tmp_path, monkeypatc
     normalize_as_ctranslate2(monkeypatch)
     results = Translator.from_checkpoint(trained, search=SearchConfig(beam=4)).translate_results(
         lines)
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    split = source_pieces(out)
     at_limit = [bool(r.hypotheses) and   # an empty line has none
-                len(r.hypotheses[0].tokens) - 1 >= math.floor(len(sp.encode(line)) + 50)
+                len(r.hypotheses[0].tokens) - 1 >= length_limit(len(split(line)))
                 for line, r in zip(lines, results)]
     differ = [i for i, (h, r) in enumerate(zip(hyp, results)) if h != r.text]
     assert all(at_limit[i] for i in differ), [(hyp[i], results[i].text) for i in differ]
